@@ -1,0 +1,39 @@
+# Newcomer path: `make demo` and `make test` work on a fresh machine with only
+# python3 (>= 3.11) and make; everything else is installed into .venv here.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup lint test demo bench soak fuzz clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+lint: setup
+	$(BIN)/ruff check gateway tests bench
+	$(BIN)/ruff format --check gateway tests bench
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/pytest -q -p no:cacheprovider
+
+demo: setup
+	$(BIN)/mistralrs-gateway demo
+
+bench: setup
+	$(BIN)/python -m bench.run
+
+soak: setup
+	GATEWAY_SOAK=long $(BIN)/pytest -q -p no:cacheprovider tests/test_soak.py -s
+
+fuzz: setup
+	GATEWAY_FUZZ=long $(BIN)/pytest -q -p no:cacheprovider -m fuzz -s
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis var

@@ -1,0 +1,286 @@
+"""The one typed gateway config (spec §3).
+
+Every section is a frozen pydantic model with ``extra="forbid"``: a misspelt
+key is an error, never a silent default. Relative paths resolve against the
+folder of the config file (passed as validation context ``base_dir``).
+Cross-field rules that need more than one section live in
+:func:`GatewayConfig._cross_checks`; policy-vs-config rules live in
+``policy.py``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+
+def _resolve(value: Path, info: ValidationInfo) -> Path:
+    base = (info.context or {}).get("base_dir")
+    if value.is_absolute() or base is None:
+        return value
+    return Path(base) / value
+
+
+RelPath = Annotated[Path, AfterValidator(_resolve)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+PositiveInt = Annotated[int, Field(gt=0)]
+Hex64 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class Model(BaseModel):
+    # validate_default: defaulted paths are resolved against the config folder too.
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class TLSConfig(Model):
+    certfile: RelPath
+    keyfile: RelPath
+    client_ca: RelPath | None = None
+
+
+class ListenConfig(Model):
+    host: str = "0.0.0.0"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8443
+    tls: TLSConfig | None = None
+    shutdown_grace_s: Annotated[float, Field(ge=0)] = 30
+
+
+class LaunchConfig(Model):
+    """The pinned worker (spec §11, §12 "Launch contract")."""
+
+    version: Annotated[str, Field(pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$")]
+    binary_sha256: Hex64
+    model_public_id: str
+    model_revision: Annotated[str, Field(min_length=1)]
+    model_bundle_sha256: Hex64
+    model_dir: str
+    format: Literal["plain", "gguf", "ggml"] = "plain"
+    port: Annotated[int, Field(ge=1, le=65535)] = 1234
+    max_seqs: PositiveInt = 8
+    max_seq_len: PositiveInt = 4096
+    max_batch_size: PositiveInt = 1
+    paged_attn: Literal["auto", "on", "off"] = "auto"
+    prefix_cache_n: Annotated[int, Field(ge=0)] = 16
+    max_num_images: PositiveInt = 8
+    max_edge: PositiveInt = 1024
+    device: Literal["cpu", "cuda", "metal"] = "cpu"
+
+    @model_validator(mode="after")
+    def _digest_addressed(self) -> LaunchConfig:
+        if self.model_dir.rstrip("/").rsplit("/", 1)[-1] != self.model_bundle_sha256:
+            raise ValueError("model_dir must end with /<model_bundle_sha256>")
+        return self
+
+    def version_tuple(self) -> tuple[int, int, int]:
+        major, minor, patch = (int(p) for p in self.version.split("."))
+        return major, minor, patch
+
+
+class UpstreamConfig(Model):
+    base_url: str = "http://127.0.0.1:1234"
+    allow_remote: bool = False
+    route: Annotated[str, Field(min_length=1)]
+    connect_timeout_s: PositiveFloat = 2
+    first_event_timeout_s: PositiveFloat = 120
+    idle_timeout_s: PositiveFloat = 30
+    total_timeout_s: PositiveFloat = 600
+    readiness_poll_s: PositiveFloat = 2
+    readiness_timeout_s: PositiveFloat = 2
+    max_request_bytes: PositiveInt = 52_428_800
+    max_line_bytes: PositiveInt = 1_048_576
+    max_stream_bytes: PositiveInt = 67_108_864
+    max_events: PositiveInt = 100_000
+    launch: LaunchConfig | None = None
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http(s) URL with a host")
+        if parts.path not in ("", "/") or parts.query or parts.fragment:
+            raise ValueError("must not carry a path, query or fragment")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _loopback_unless_allowed(self) -> UpstreamConfig:
+        if not self.allow_remote and not is_loopback_host(urlsplit(self.base_url).hostname or ""):
+            raise ValueError("base_url must be a loopback address unless allow_remote is true")
+        if self.launch is not None:
+            if self.launch.port != self.port:
+                raise ValueError("launch.port must equal the port of base_url")
+            if self.launch.model_dir != self.route:
+                raise ValueError("launch.model_dir must equal route (the worker's --model-id)")
+        return self
+
+    @property
+    def port(self) -> int:
+        parts = urlsplit(self.base_url)
+        return parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def is_loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class IssuerConfig(Model):
+    issuer: Annotated[str, Field(min_length=1)]
+    audience: Annotated[str, Field(min_length=1)]
+    algorithms: Annotated[list[str], Field(min_length=1)]
+    jwks_file: RelPath | None = None
+    jwks_url: str | None = None
+    hs256_secret_env: str | None = None
+    tenant_claim: str = "tenant"
+    scope_claim: str = "scope"
+    leeway_s: Annotated[float, Field(ge=0)] = 30
+    max_lifetime_s: PositiveFloat = 3600
+    jwks_refresh_min_s: Annotated[float, Field(ge=0)] = 2
+    jwks_max_bytes: PositiveInt = 1_048_576
+
+    @field_validator("algorithms")
+    @classmethod
+    def _allowlist(cls, value: list[str]) -> list[str]:
+        allowed = {
+            "RS256",
+            "RS384",
+            "RS512",
+            "PS256",
+            "PS384",
+            "PS512",
+            "ES256",
+            "ES384",
+            "ES512",
+            "EdDSA",
+            "HS256",
+            "HS384",
+            "HS512",
+        }
+        bad = [a for a in value if a not in allowed]
+        if bad:
+            raise ValueError(
+                f"algorithms not allowed: {', '.join(sorted(set(bad)))} ('none' is never accepted)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> IssuerConfig:
+        sources = [s for s in (self.jwks_file, self.jwks_url, self.hs256_secret_env) if s]
+        if len(sources) != 1:
+            raise ValueError("exactly one of jwks_file, jwks_url, hs256_secret_env is required")
+        symmetric = {a for a in self.algorithms if a.startswith("HS")}
+        if self.hs256_secret_env and set(self.algorithms) != {"HS256"}:
+            raise ValueError("hs256_secret_env issuers must list algorithms: [HS256]")
+        if not self.hs256_secret_env and symmetric:
+            # An HS algorithm next to public keys is the classic key-confusion hole.
+            raise ValueError("HS algorithms need hs256_secret_env, not public keys")
+        return self
+
+
+class AuthConfig(Model):
+    issuers: list[IssuerConfig] = []
+
+    @field_validator("issuers")
+    @classmethod
+    def _unique(cls, value: list[IssuerConfig]) -> list[IssuerConfig]:
+        names = [i.issuer for i in value]
+        if len(names) != len(set(names)):
+            raise ValueError("issuer values must be unique")
+        return value
+
+
+class StagingConfig(Model):
+    dir: RelPath = Path("var/evidence")
+    catalog: RelPath = Path("var/catalog.sqlite3")
+    worker_media: Literal["data_url", "file_url"] = "data_url"
+    worker_url_prefix: str | None = None
+
+    @model_validator(mode="after")
+    def _prefix_for_file_url(self) -> StagingConfig:
+        prefix = self.worker_url_prefix or ""
+        if self.worker_media == "file_url" and not prefix.startswith("file:///"):
+            raise ValueError("file_url mode needs worker_url_prefix: file:///<dir>")
+        return self
+
+
+class AdmissionConfig(Model):
+    capacity: PositiveInt = 8
+    max_queue: Annotated[int, Field(ge=0)] = 64
+
+
+class LimitsConfig(Model):
+    max_body_bytes: PositiveInt = 1_048_576
+    max_prompt_bytes: PositiveInt = 65_536
+    max_media_parts: Annotated[int, Field(ge=0)] = 8
+    max_media_bytes: PositiveInt = 36_700_160
+    max_output_tokens: PositiveInt = 4096
+    max_json_depth: PositiveInt = 32
+
+
+_ORIGIN = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
+
+
+class CorsConfig(Model):
+    allow_origins: list[str] = []
+    max_age_s: Annotated[int, Field(ge=0)] = 600
+
+    @field_validator("allow_origins")
+    @classmethod
+    def _exact(cls, value: list[str]) -> list[str]:
+        bad = [o for o in value if not _ORIGIN.match(o)]
+        if bad:
+            raise ValueError("each origin must be exact scheme://host[:port] (no '*', no path)")
+        return value
+
+
+class AuditConfig(Model):
+    path: RelPath = Path("receipts.jsonl")
+
+
+class MetricsConfig(Model):
+    path: Annotated[str, Field(pattern=r"^/[A-Za-z0-9/_-]*$")] = "/metrics"
+
+
+class LoggingConfig(Model):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class GatewayConfig(Model):
+    listen: ListenConfig = ListenConfig()
+    upstream: UpstreamConfig
+    auth: AuthConfig = AuthConfig()
+    policies_dir: RelPath = Path("policies")
+    staging: StagingConfig = StagingConfig()
+    admission: AdmissionConfig = AdmissionConfig()
+    limits: LimitsConfig = LimitsConfig()
+    cors: CorsConfig = CorsConfig()
+    audit: AuditConfig = AuditConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    logging: LoggingConfig = LoggingConfig()
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> GatewayConfig:
+        # base64 grows bytes by 4/3; the forwarded body must fit the worker's limit.
+        media = self.limits.max_media_bytes * 4 // 3
+        if self.staging.worker_media == "data_url" and media > self.upstream.max_request_bytes:
+            raise ValueError(
+                "limits.max_media_bytes x 4/3 exceeds upstream.max_request_bytes (data_url mode)"
+            )
+        return self

@@ -1,0 +1,138 @@
+"""The gateway's one error type and the only place statuses are chosen.
+
+Every refusal is a :class:`GatewayError` carrying a stable ``code`` from the
+contract (spec §6, §12). The code alone decides the HTTP status and the
+OpenAI ``type``, so OpenAI SDKs raise the matching exception class. Messages
+are fixed texts written here or by the raiser; they never echo caller data
+(tokens, keys, prompts, paths), and no status is ever derived from a message.
+
+Pure: no I/O library is imported, so the SSE validator and the rewriter can
+raise these too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+# code -> (HTTP status, OpenAI error type)
+_CODES: dict[str, tuple[int, str]] = {
+    "invalid_json": (400, "invalid_request_error"),
+    "invalid_request": (400, "invalid_request_error"),
+    "unsupported_field": (400, "invalid_request_error"),
+    "caller_url_forbidden": (400, "invalid_request_error"),
+    "media_limit_exceeded": (400, "invalid_request_error"),
+    "prompt_too_large": (400, "invalid_request_error"),
+    "output_tokens_exceeded": (400, "invalid_request_error"),
+    "modality_not_allowed": (400, "invalid_request_error"),
+    "admission_weight_exceeded": (400, "invalid_request_error"),
+    "upstream_rejected": (400, "invalid_request_error"),
+    "missing_credentials": (401, "authentication_error"),
+    "invalid_token": (401, "authentication_error"),
+    "tenant_not_configured": (403, "permission_error"),
+    "insufficient_scope": (403, "permission_error"),
+    "endpoint_not_allowed": (403, "permission_error"),
+    "model_not_found": (404, "not_found_error"),
+    "evidence_not_found": (404, "not_found_error"),
+    "not_found": (404, "not_found_error"),
+    "method_not_allowed": (405, "invalid_request_error"),
+    "evidence_in_use": (409, "invalid_request_error"),
+    "body_too_large": (413, "invalid_request_error"),
+    "unsupported_media_type": (415, "invalid_request_error"),
+    "rate_limited": (429, "rate_limit_error"),
+    "queue_full": (429, "rate_limit_error"),
+    "admission_timeout": (429, "rate_limit_error"),
+    "internal_error": (500, "server_error"),
+    "storage_error": (500, "server_error"),
+    "upstream_unavailable": (502, "upstream_unavailable"),
+    "upstream_protocol_error": (502, "upstream_protocol_error"),
+    "upstream_error": (502, "upstream_error"),
+    "upstream_not_ready": (503, "upstream_not_ready"),
+    "upstream_timeout": (504, "upstream_timeout"),
+}
+
+#: receipt outcome implied by an error code when the raiser names none
+_DEFAULT_OUTCOME: dict[str, str] = {
+    "upstream_protocol_error": "protocol_error",
+    "upstream_error": "upstream_error",
+    "upstream_rejected": "upstream_error",
+    "upstream_timeout": "incomplete",
+    "upstream_unavailable": "incomplete",
+}
+
+_DEFAULT_MESSAGES: dict[str, str] = {
+    "missing_credentials": "A bearer credential is required.",
+    "invalid_token": "The credential is not valid.",
+    "tenant_not_configured": "The credential's tenant is not configured on this gateway.",
+    "insufficient_scope": "The credential lacks the scope this endpoint needs.",
+    "endpoint_not_allowed": "This endpoint is not allowed for the tenant.",
+    "model_not_found": "The model does not exist or is not available to this tenant.",
+    "evidence_not_found": "No such evidence.",
+    "not_found": "No such route.",
+    "method_not_allowed": "Method not allowed on this route.",
+    "body_too_large": "The request body is too large.",
+    "invalid_json": "The request body is not valid JSON.",
+    "upstream_not_ready": "The inference worker is not ready.",
+    "upstream_unavailable": "The inference worker is unavailable.",
+    "upstream_timeout": "The inference worker timed out.",
+    "upstream_error": "The inference worker reported an error.",
+    "upstream_protocol_error": "The inference worker broke the stream protocol.",
+    "upstream_rejected": "The inference worker rejected the request.",
+    "internal_error": "Internal gateway error.",
+    "storage_error": "The evidence store failed.",
+}
+
+
+class GatewayError(Exception):
+    """A refusal with a contract code; see the module docstring."""
+
+    def __init__(
+        self,
+        code: str,
+        message: str | None = None,
+        *,
+        param: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        outcome: str | None = None,
+    ) -> None:
+        if code not in _CODES:
+            raise ValueError(f"unknown error code {code!r}")
+        self.code = code
+        self.message = message or _DEFAULT_MESSAGES.get(code, code.replace("_", " "))
+        self.param = param
+        self.headers: dict[str, str] = dict(headers or {})
+        self.outcome = outcome or _DEFAULT_OUTCOME.get(code, "rejected")
+        super().__init__(f"{code}: {self.message}")
+
+    @property
+    def status(self) -> int:
+        return _CODES[self.code][0]
+
+    @property
+    def type(self) -> str:
+        return _CODES[self.code][1]
+
+    def body(self) -> dict[str, Any]:
+        """The OpenAI-shaped body, for JSON responses and SSE error events."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "code": self.code,
+                "param": self.param,
+            }
+        }
+
+    def response_headers(self) -> dict[str, str]:
+        headers = dict(self.headers)
+        if self.status == 401:
+            headers.setdefault("www-authenticate", "Bearer")
+        return headers
+
+
+def status_for(code: str) -> int:
+    return _CODES[code][0]
+
+
+def known_codes() -> frozenset[str]:
+    return frozenset(_CODES)

@@ -1,0 +1,1 @@
+"""Shared pytest setup. Fixtures that start real servers live in tests/support/."""
