@@ -1,1 +1,23 @@
-"""Shared pytest setup. Fixtures that start real servers live in tests/support/."""
+"""Shared pytest setup. Real servers come from tests/support/stack.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.harness import DEMO_SECRET_ENV
+from tests.support.jwt import HS_SECRET
+from tests.support.stack import Stack, running_stack
+
+
+@pytest.fixture(autouse=True)
+def _dev_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(DEMO_SECRET_ENV, HS_SECRET)
+
+
+@pytest.fixture
+def stack(tmp_path: Path, _dev_secret: None) -> Iterator[Stack]:
+    with running_stack(tmp_path) as running:
+        yield running

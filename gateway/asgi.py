@@ -1,0 +1,88 @@
+"""Small raw-ASGI helpers shared by the handlers: per-request info, JSON replies.
+
+Handlers that stream or watch for disconnects are raw ASGI (Starlette's
+request/response wrappers would hide ``http.disconnect``); they share these.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from gateway.errors import GatewayError
+from gateway.metrics import UNKNOWN_TENANT
+
+if TYPE_CHECKING:
+    from gateway.runtime import Runtime
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+
+
+@dataclass(slots=True)
+class RequestInfo:
+    """Per-request facts the middleware logs and counts once the response ends."""
+
+    request_id: str
+    started: float
+    endpoint: str = "other"
+    tenant: str = UNKNOWN_TENANT
+    status: int = 0
+    outcome: str | None = None
+    error_code: str | None = None
+    extra_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+
+
+def request_id_from(scope: Scope) -> str:
+    values = [v for k, v in scope["headers"] if k == b"x-request-id"]
+    if len(values) == 1:
+        candidate: str = values[0].decode("latin-1")
+        if _REQUEST_ID.fullmatch(candidate):
+            return candidate
+    return "req_" + uuid.uuid4().hex
+
+
+def info_of(scope: Scope) -> RequestInfo:
+    info = scope["state"]["gateway"]
+    assert isinstance(info, RequestInfo)
+    return info
+
+
+def runtime_of(scope: Scope) -> Runtime:
+    runtime: Runtime = scope["app"].state.runtime
+    return runtime
+
+
+def authorization_values(scope: Scope) -> list[str]:
+    return [v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"]
+
+
+async def send_json(
+    send: Send,
+    status: int,
+    body: Any,
+    headers: Mapping[str, str] | None = None,
+) -> None:
+    payload = orjson.dumps(body)
+    raw_headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(payload)).encode()),
+    ]
+    raw_headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+    await send({"type": "http.response.body", "body": payload})
+
+
+async def send_error(send: Send, exc: GatewayError, info: RequestInfo | None = None) -> None:
+    if info is not None:
+        info.error_code = exc.code
+    await send_json(send, exc.status, exc.body(), exc.response_headers())

@@ -1,0 +1,195 @@
+"""``mistralrs-gateway`` verbs → config → run. No logic beyond wiring."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from gateway.loader import ConfigError, Loaded, load_all, load_config
+
+
+def _load(path: str) -> Loaded:
+    return load_all(Path(path))
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from gateway.app import create_app
+    from gateway.auth.keys import load_key_set
+    from gateway.logs import setup_logging
+    from gateway.server import serve
+
+    loaded = _load(args.config)
+    load_key_set(loaded.config.auth, os.environ)  # fail before listening, not in the lifespan
+    setup_logging(loaded.config.logging.level)
+    listen = loaded.config.listen
+    host = args.host or listen.host
+    port = listen.port if args.port is None else args.port
+    return serve(loaded, create_app(loaded), host, port)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from gateway.auth.keys import load_key_set
+
+    loaded = _load(args.config)
+    load_key_set(loaded.config.auth, os.environ)
+    config = loaded.config
+    print(f"config: {args.config}: ok")
+    print(f"upstream: {config.upstream.base_url} route {config.upstream.route}")
+    print(
+        f"admission: capacity {config.admission.capacity}, max_queue {config.admission.max_queue}"
+    )
+    for name, tenant in sorted(loaded.policies.tenants.items()):
+        lim = tenant.limits
+        models = ", ".join(sorted(tenant.policy.models)) or "(none)"
+        print(
+            f"tenant {name}: models [{models}] endpoints [{', '.join(tenant.policy.endpoints)}] "
+            f"modalities [{', '.join(tenant.policy.modalities)}] "
+            f"max_body_bytes={lim.max_body_bytes} max_prompt_bytes={lim.max_prompt_bytes} "
+            f"max_output_tokens={lim.max_output_tokens} max_media_parts={lim.max_media_parts} "
+            f"rpm={lim.requests_per_minute} tpm={lim.tokens_per_minute} "
+            f"share={tenant.policy.admission.share} "
+            f"max_permits={tenant.policy.admission.max_permits}"
+        )
+    for warning in loaded.warnings:
+        print(f"warning: {warning}")
+    return 0
+
+
+def cmd_launch_plan(args: argparse.Namespace) -> int:
+    from gateway.launch import launch_plan_json
+
+    config = load_config(Path(args.config))
+    try:
+        plan = launch_plan_json(config)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(plan, indent=2, sort_keys=True))
+    return 0
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    from gateway.auth import mint_dev_token
+
+    config = load_config(Path(args.config))
+    scopes = args.scope or ["inference", "evidence"]
+    try:
+        token = mint_dev_token(
+            config.auth,
+            args.tenant,
+            scopes=scopes,
+            ttl_s=args.ttl,
+            issuer=args.issuer,
+            env=os.environ,
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(token)
+    return 0
+
+
+def cmd_evidence_add(args: argparse.Namespace) -> int:
+    from gateway.errors import GatewayError
+    from gateway.evidence.catalog import Catalog
+    from gateway.evidence.service import EvidenceService
+    from gateway.evidence.store import EvidenceStore
+
+    loaded = _load(args.config)
+    tenant = loaded.policies.tenants.get(args.tenant)
+    if tenant is None:
+        print("error: tenant_not_configured", file=sys.stderr)
+        return 1
+    staging = loaded.config.staging
+    service = EvidenceService(EvidenceStore(staging.dir), Catalog(staging.catalog))
+    try:
+        data = Path(args.file).read_bytes()
+        record = service.upload(tenant, data, None, args.locator)
+    except OSError as exc:
+        print(f"error: cannot read the file ({type(exc).__name__})", file=sys.stderr)
+        return 1
+    except GatewayError as exc:
+        print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
+        return 1
+    finally:
+        service.close()
+    print(json.dumps(record.to_api(), indent=2))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from gateway.demo import run_demo
+
+    return run_demo()
+
+
+def cmd_simulator(args: argparse.Namespace) -> int:
+    from gateway.simulator import main as simulator_main
+
+    return simulator_main(args.rest)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mistralrs-gateway",
+        description="Authenticating sidecar gateway for a mistral.rs worker.",
+    )
+    verbs = parser.add_subparsers(dest="verb", required=True)
+
+    p = verbs.add_parser("serve", help="run the gateway")
+    p.add_argument("--config", required=True)
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.set_defaults(func=cmd_serve)
+
+    p = verbs.add_parser("check", help="validate config and every policy")
+    p.add_argument("--config", required=True)
+    p.set_defaults(func=cmd_check)
+
+    p = verbs.add_parser("launch-plan", help="print the worker launch contract as JSON")
+    p.add_argument("--config", required=True)
+    p.set_defaults(func=cmd_launch_plan)
+
+    p = verbs.add_parser("token", help="mint a development JWT (HS256 issuers only)")
+    p.add_argument("--config", required=True)
+    p.add_argument("--tenant", required=True)
+    p.add_argument("--scope", action="append")
+    p.add_argument("--ttl", type=int, default=600)
+    p.add_argument("--issuer")
+    p.set_defaults(func=cmd_token)
+
+    p = verbs.add_parser("evidence", help="evidence staging")
+    ev = p.add_subparsers(dest="evidence_verb", required=True)
+    add = ev.add_parser("add", help="stage a file for a tenant")
+    add.add_argument("--config", required=True)
+    add.add_argument("--tenant", required=True)
+    add.add_argument("--locator")
+    add.add_argument("file")
+    add.set_defaults(func=cmd_evidence_add)
+
+    p = verbs.add_parser("demo", help="simulator + gateway + one multimodal request")
+    p.set_defaults(func=cmd_demo)
+
+    p = verbs.add_parser("simulator", help="run the mistral.rs protocol simulator (test equipment)")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_simulator)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except ConfigError as exc:
+        print("error: configuration is invalid:", file=sys.stderr)
+        for line in exc.errors:
+            print(f"  {line}", file=sys.stderr)
+        return 1
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

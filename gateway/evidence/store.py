@@ -1,0 +1,202 @@
+"""Digest-addressed evidence files (spec §5, §12 "Evidence").
+
+Theory of operation:
+
+- A file's name is ``<sha256>.<ext>`` of its bytes, flat in one directory, so
+  identical bytes are stored once and a name can only ever hold those bytes.
+- A file becomes visible only complete: bytes go to ``.tmp-<random>`` in the
+  same directory, are made read-only (0o444) and fsynced, then renamed onto
+  the final name, and the directory is fsynced so the rename survives a
+  crash. A crash before the rename leaves only a temp file, which
+  :meth:`EvidenceStore.sweep_temp` removes at the next start.
+- Reads re-check the digest: a file changed on disk is a ``storage_error``,
+  never bytes passed on as verified.
+- Every mutation runs under :meth:`EvidenceStore.exclusive`, an ``flock`` on
+  ``<dir>/.lock`` that serializes threads and processes (the server and the
+  ``evidence add`` CLI) alike. It is re-entrant within a thread, so a caller
+  can hold it across a store write and its catalog update. Because a writer
+  holds it from temp creation to rename, any temp file seen under it is
+  stale; the kernel drops the lock when a process dies.
+- Disk errors become ``GatewayError("storage_error")``; messages never name
+  paths.
+
+Synchronous: the app calls it through ``anyio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import re
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from gateway.errors import GatewayError
+from gateway.evidence.sniff import EXTENSIONS, MediaType
+
+TEMP_PREFIX = ".tmp-"
+_LOCK_NAME = ".lock"
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_STORED_NAME = re.compile(r"^([0-9a-f]{64})\.([a-z0-9]{1,8})$")
+
+
+@dataclass(frozen=True, slots=True)
+class StoredFile:
+    sha256: str
+    ext: str
+    bytes: int
+    path: Path
+
+
+class EvidenceStore:
+    """Files named by their SHA-256 in one directory; see the module docstring."""
+
+    def __init__(self, directory: Path) -> None:
+        self._dir = directory
+        self._held = threading.local()
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise GatewayError("storage_error") from exc
+
+    @property
+    def directory(self) -> Path:
+        return self._dir
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the store's lock (re-entrant per thread, exclusive across processes)."""
+        depth: int = getattr(self._held, "depth", 0)
+        if depth:
+            self._held.depth = depth + 1
+            try:
+                yield
+            finally:
+                self._held.depth = depth
+            return
+        try:
+            fd = os.open(self._dir / _LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise GatewayError("storage_error") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._held.depth = 1
+            try:
+                yield
+            finally:
+                self._held.depth = 0
+        finally:
+            # Closing the descriptor releases the flock.
+            os.close(fd)
+
+    def path_for(self, sha256: str, ext: str) -> Path:
+        if not _SHA256.match(sha256) or ext not in EXTENSIONS:
+            raise GatewayError("storage_error", "Invalid evidence file name.")
+        return self._dir / f"{sha256}.{ext}"
+
+    def put(self, data: bytes, media: MediaType) -> StoredFile:
+        """Store ``data`` as ``<sha256>.<ext>`` unless an intact copy is already there."""
+        digest = hashlib.sha256(data).hexdigest()
+        target = self.path_for(digest, media.ext)
+        stored = StoredFile(digest, media.ext, len(data), target)
+        with self.exclusive():
+            try:
+                if self._intact(target, digest):
+                    return stored
+                # A damaged copy under the name is replaced by the good bytes.
+                self._write_new(target, data)
+                self._fsync_dir()
+            except OSError as exc:
+                raise GatewayError("storage_error") from exc
+        return stored
+
+    def read(self, sha256: str, ext: str) -> bytes:
+        """The stored bytes, after checking they still hash to ``sha256``."""
+        path = self.path_for(sha256, ext)
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise GatewayError("storage_error") from exc
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise GatewayError("storage_error", "A stored evidence file failed its digest check.")
+        return data
+
+    def exists(self, sha256: str, ext: str) -> bool:
+        return self.path_for(sha256, ext).exists()
+
+    def remove(self, sha256: str, ext: str) -> None:
+        path = self.path_for(sha256, ext)
+        with self.exclusive():
+            try:
+                path.unlink(missing_ok=True)
+                self._fsync_dir()
+            except OSError as exc:
+                raise GatewayError("storage_error") from exc
+
+    def files(self) -> list[tuple[str, str]]:
+        """(sha256, ext) of every stored file."""
+        try:
+            names = os.listdir(self._dir)
+        except OSError as exc:
+            raise GatewayError("storage_error") from exc
+        found: list[tuple[str, str]] = []
+        for name in sorted(names):
+            match = _STORED_NAME.match(name)
+            if match and match.group(2) in EXTENSIONS:
+                found.append((match.group(1), match.group(2)))
+        return found
+
+    def sweep_temp(self) -> int:
+        """Remove temp files left by a crashed writer; returns how many."""
+        removed = 0
+        with self.exclusive():
+            try:
+                for name in os.listdir(self._dir):
+                    if name.startswith(TEMP_PREFIX):
+                        (self._dir / name).unlink(missing_ok=True)
+                        removed += 1
+                if removed:
+                    self._fsync_dir()
+            except OSError as exc:
+                raise GatewayError("storage_error") from exc
+        return removed
+
+    @staticmethod
+    def _intact(path: Path, digest: str) -> bool:
+        try:
+            existing = path.read_bytes()
+        except FileNotFoundError:
+            return False
+        return hashlib.sha256(existing).hexdigest() == digest
+
+    def _write_new(self, target: Path, data: bytes) -> None:
+        fd, temp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=self._dir)
+        try:
+            try:
+                view = memoryview(data)
+                while view:
+                    written = os.write(fd, view)
+                    view = view[written:]
+                # Read-only before it becomes visible: no moment exists where
+                # the final name is writable.
+                os.fchmod(fd, 0o444)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(temp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise
+
+    def _fsync_dir(self) -> None:
+        fd = os.open(self._dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,65 @@
+"""Request-body guards: size while reading, then JSON parse with a depth bound.
+
+The body limit is enforced as bytes arrive: a ``Content-Length`` above it is
+refused before anything is read, and a chunked body is refused as soon as the
+running total passes it (413 ``body_too_large``), so an oversized body is
+never buffered whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+
+from gateway.errors import GatewayError
+from gateway.rewrite import json_depth_ok
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+
+class ClientDisconnected(Exception):
+    """The caller went away while we were reading its body."""
+
+
+def header(scope: dict[str, Any], name: bytes) -> list[bytes]:
+    return [v for k, v in scope["headers"] if k == name]
+
+
+async def read_body(scope: dict[str, Any], receive: Receive, limit: int) -> bytes:
+    lengths = header(scope, b"content-length")
+    if len(lengths) > 1 or (lengths and header(scope, b"transfer-encoding")):
+        # Ambiguous framing is how request smuggling starts; refuse it outright.
+        raise GatewayError("invalid_request", "Ambiguous request framing.")
+    if lengths:
+        try:
+            declared = int(lengths[0])
+        except ValueError as exc:
+            raise GatewayError("invalid_request", "Invalid Content-Length.") from exc
+        if declared > limit:
+            raise GatewayError("body_too_large")
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected
+        chunk: bytes = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise GatewayError("body_too_large")
+            parts.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(parts)
+
+
+def parse_json(body: bytes, max_depth: int) -> Any:
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise GatewayError("invalid_json") from exc
+    if not json_depth_ok(value, max_depth):
+        raise GatewayError("invalid_request", "The request JSON is nested too deeply.")
+    return value

@@ -1,0 +1,89 @@
+"""Prometheus metrics on the app's own registry (spec §10).
+
+Label values come only from config (tenant names) or fixed sets (endpoints,
+outcomes, token kinds); ``tenant="-"`` before a caller is authenticated.
+Nothing here is module-level state: each app builds its own
+:class:`GatewayMetrics` on its own ``CollectorRegistry``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+UNKNOWN_TENANT = "-"
+
+# TTFT on CPU workers ranges from tens of ms to minutes under load.
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120)
+# Whole requests: from fast refusals to long streams (total timeout 600 s).
+_DURATION_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "gateway_requests_total",
+            "Requests answered, by tenant, endpoint and HTTP status.",
+            ["tenant", "endpoint", "status"],
+            registry=r,
+        )
+        self.duration = Histogram(
+            "gateway_request_duration_seconds",
+            "Time from request start to the last byte sent.",
+            ["endpoint"],
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "gateway_ttft_seconds",
+            "Time from request start to the first content event sent or assembled.",
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        self.stream_outcomes = Counter(
+            "gateway_stream_outcomes_total",
+            "Inference request outcomes (receipt outcome).",
+            ["tenant", "outcome"],
+            registry=r,
+        )
+        self.tokens = Counter(
+            "gateway_tokens_total",
+            "Tokens by tenant, kind (prompt|completion) and source (reported|estimated).",
+            ["tenant", "kind", "source"],
+            registry=r,
+        )
+        self.permits_in_use = Gauge(
+            "gateway_permits_in_use", "Admission permit units held.", registry=r
+        )
+        self.queue_depth = Gauge(
+            "gateway_admission_queue_depth", "Requests waiting for permits.", registry=r
+        )
+        self.admission_wait = Histogram(
+            "gateway_admission_wait_seconds",
+            "Time spent waiting for admission permits.",
+            buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
+        self.rejections = Counter(
+            "gateway_rejections_total",
+            "Refused requests by tenant and error code.",
+            ["tenant", "code"],
+            registry=r,
+        )
+        self.upstream_ready = Gauge(
+            "gateway_upstream_ready", "1 while the worker reports the route loaded.", registry=r
+        )
+        self.leases_active = Gauge(
+            "gateway_evidence_leases_active", "Evidence leases held by requests.", registry=r
+        )
+        self.reloads = Counter(
+            "gateway_reloads_total", "Policy/key reloads by result.", ["result"], registry=r
+        )
+        for result in ("applied", "refused"):
+            self.reloads.labels(result)
+
+    def on_admission_change(self, in_use: int, queue_depth: int) -> None:
+        self.permits_in_use.set(in_use)
+        self.queue_depth.set(queue_depth)

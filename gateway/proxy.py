@@ -1,0 +1,412 @@
+"""The inference endpoints: ``POST /v1/chat/completions`` and ``/v1/completions``.
+
+One request: authenticate → authorize → readiness → body guard → plan
+(allowlist, limits, caller URLs) → rate buckets → evidence (leases) → render
+→ admission permit → worker → validator → caller. The work runs inside one
+cancel scope that a disconnect watcher (or a drain past its grace) cancels;
+the one ``finally`` closes the worker response, releases the permit, the
+leases and the rate reservation, writes the receipt and records metrics,
+whatever happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import anyio
+import anyio.to_thread
+import orjson
+
+from gateway.admission import Permit, request_weight
+from gateway.asgi import (
+    Receive,
+    RequestInfo,
+    Scope,
+    Send,
+    authorization_values,
+    info_of,
+    runtime_of,
+    send_error,
+    send_json,
+)
+from gateway.auth import authorize
+from gateway.errors import GatewayError
+from gateway.limits import ClientDisconnected, parse_json, read_body
+from gateway.policy import Tenant
+from gateway.ratelimit import Reservation, estimate_prompt_tokens
+from gateway.receipts import Receipt, Usage
+from gateway.rewrite import (
+    RequestPlan,
+    ResolvedMedia,
+    decode_data_url,
+    media_modalities,
+    plan_request,
+    render,
+)
+from gateway.runtime import Exchange, Runtime
+from gateway.sse import SSEValidator, StreamRules
+from gateway.streaming import Relay, Timeouts, assemble, error_event
+
+_PATHS = {"chat.completions": "/v1/chat/completions", "completions": "/v1/completions"}
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+@dataclass(eq=False)
+class _Held:
+    """Resources one request holds; released in the one ``finally``."""
+
+    permit: Permit | None = None
+    reservation: Reservation | None = None
+    leased: bool = False
+    relay: Relay | None = None
+    plan: RequestPlan | None = None
+
+
+class InferenceEndpoint:
+    def __init__(self, endpoint: Literal["chat.completions", "completions"]) -> None:
+        self.endpoint = endpoint
+        self.path = _PATHS[endpoint]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        rt = runtime_of(scope)
+        info = info_of(scope)
+        info.endpoint = self.endpoint
+        policies = rt.policies  # one snapshot for the whole request (reloads swap it)
+        try:
+            principal = await rt.auth.authenticate(authorization_values(scope), policies)
+        except GatewayError as exc:
+            rt.metrics.rejections.labels(info.tenant, exc.code).inc()
+            await send_error(send, exc, info)
+            return
+        tenant = policies.tenants[principal.tenant]
+        info.tenant = tenant.name
+        receipt = Receipt(
+            request_id=info.request_id,
+            tenant=tenant.name,
+            subject=principal.subject,
+            endpoint=self.endpoint,
+            serve_identity=rt.serve_identity,
+            created=time.time(),
+        )
+        exchange = Exchange(info.request_id)
+        held = _Held()
+        rt.inflight.add(exchange)
+        try:
+            await self._serve(rt, scope, receive, send, tenant, principal, receipt, exchange, held)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._finish(rt, info, receipt, exchange, held)
+
+    async def _serve(
+        self,
+        rt: Runtime,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        tenant: Tenant,
+        principal: Any,
+        receipt: Receipt,
+        exchange: Exchange,
+        held: _Held,
+    ) -> None:
+        info = info_of(scope)
+        try:
+            authorize(principal, tenant, self.endpoint)
+            if not rt.accepting():
+                raise GatewayError("upstream_not_ready")
+            body = await read_body(scope, receive, tenant.limits.max_body_bytes)
+            plan = plan_request(
+                self.endpoint,
+                parse_json(body, tenant.limits.max_json_depth),
+                tenant,
+                tenant.policy.models,
+            )
+        except ClientDisconnected:
+            exchange.disconnected = True
+            return
+        except GatewayError as exc:
+            receipt.outcome, receipt.error_code = "rejected", exc.code
+            await send_error(send, exc, info)
+            return
+        held.plan = plan
+        receipt.model_alias = plan.alias
+        receipt.route = tenant.policy.models[plan.alias]
+        receipt.max_tokens = plan.max_tokens
+        receipt.stream = plan.stream
+        receipt.dropped_parts = list(plan.dropped_parts)
+
+        watcher = asyncio.create_task(_watch_disconnect(receive, exchange))
+        try:
+            with anyio.CancelScope() as cancel_scope:
+                exchange.scope = cancel_scope
+                await self._exchange(rt, send, tenant, plan, receipt, held, info)
+        except GatewayError as exc:
+            receipt.outcome = exc.outcome
+            receipt.error_code = exc.code
+            relay = held.relay
+            if relay is None or not relay.state.headers_sent:
+                await send_error(send, exc, info)
+            else:
+                info.error_code = exc.code
+        finally:
+            watcher.cancel()
+        if exchange.shutdown and not exchange.disconnected:
+            await self._end_for_shutdown(send, receipt, held, info)
+
+    async def _exchange(
+        self,
+        rt: Runtime,
+        send: Send,
+        tenant: Tenant,
+        plan: RequestPlan,
+        receipt: Receipt,
+        held: _Held,
+        info: RequestInfo,
+    ) -> None:
+        limits = tenant.limits
+        held.reservation = rt.ratelimit.reserve(
+            tenant.name,
+            limits.requests_per_minute,
+            limits.tokens_per_minute,
+            plan.max_tokens + estimate_prompt_tokens(plan.prompt_bytes),
+        )
+        rate_headers = held.reservation.headers()
+        info.extra_headers = [(k.encode(), v.encode()) for k, v in rate_headers.items()]
+        resolved = await self._resolve_media(rt, tenant, plan, receipt, held, info.request_id)
+        forwarded = render(
+            plan,
+            resolved,
+            route=rt.config.upstream.route,
+            tenant=tenant,
+            max_request_bytes=rt.config.upstream.max_request_bytes,
+            dumps=orjson.dumps,
+        )
+        receipt.request_sha256 = hashlib.sha256(forwarded).hexdigest()
+        receipt.request_bytes = len(forwarded)
+        admission = tenant.policy.admission
+        queued_at = time.monotonic()
+        held.permit = await rt.admission.acquire(
+            tenant.name,
+            request_weight(tenant.policy.cost, media_modalities(plan)),
+            share=admission.share,
+            max_permits=admission.max_permits,
+            timeout_s=admission.queue_timeout_s,
+        )
+        waited = time.monotonic() - queued_at
+        receipt.queue_ms = round(waited * 1000, 3)
+        rt.metrics.admission_wait.observe(waited)
+
+        upstream_cfg = rt.config.upstream
+        validator = SSEValidator(
+            StreamRules(
+                kind="chat" if self.endpoint == "chat.completions" else "completion",
+                max_tokens=plan.max_tokens,
+                tools_requested=plan.tools_requested,
+                max_line_bytes=upstream_cfg.max_line_bytes,
+                max_event_bytes=upstream_cfg.max_line_bytes,
+                max_stream_bytes=upstream_cfg.max_stream_bytes,
+                max_events=upstream_cfg.max_events,
+                loads=orjson.loads,
+            )
+        )
+        relay = held.relay = Relay(
+            validator=validator,
+            alias=plan.alias,
+            include_usage=plan.include_usage,
+            timeouts=Timeouts(
+                upstream_cfg.first_event_timeout_s,
+                upstream_cfg.idle_timeout_s,
+                upstream_cfg.total_timeout_s,
+            ),
+            response_headers=[
+                *_SSE_HEADERS,
+                (b"x-request-id", info.request_id.encode()),
+                *info.extra_headers,
+            ],
+        )
+
+        def opener() -> Any:
+            return rt.upstream.open_stream(self.path, forwarded, info.request_id)
+
+        if plan.stream:
+            await relay.stream_to(opener, send)
+            info.status = 200
+        else:
+            await relay.collect(opener)
+            body = assemble(
+                endpoint=self.endpoint,
+                alias=plan.alias,
+                validator=validator,
+                state=relay.state,
+                usage=_public_usage(_usage(validator, relay, plan)),
+            )
+            relay.state.finished = True
+            await send_json(send, 200, body, rate_headers)
+
+    async def _resolve_media(
+        self,
+        rt: Runtime,
+        tenant: Tenant,
+        plan: RequestPlan,
+        receipt: Receipt,
+        held: _Held,
+        request_id: str,
+    ) -> list[ResolvedMedia]:
+        pending = plan.pending_media
+        if not pending:
+            return []
+        staging = rt.config.staging
+        evidence = rt.evidence
+
+        def resolve() -> list[ResolvedMedia]:
+            ids: list[str] = []
+            for ref in pending:
+                if ref.source == "evidence":
+                    assert ref.evidence_id is not None
+                    ids.append(ref.evidence_id)
+                else:
+                    assert ref.data_url is not None
+                    mime, data = decode_data_url(ref.data_url, tenant.limits.max_media_bytes)
+                    ids.append(evidence.upload(tenant, data, mime, None).id)
+            records = evidence.lease(request_id, tenant, ids)
+            held.leased = True
+            out = []
+            for record in records:
+                if staging.worker_media == "data_url":
+                    encoded = base64.b64encode(evidence.read_bytes(record)).decode("ascii")
+                    url = f"data:{record.media_type};base64,{encoded}"
+                else:
+                    url = f"{staging.worker_url_prefix}/{record.sha256}.{record.ext}"
+                out.append(
+                    ResolvedMedia(
+                        url=url,
+                        modality=record.modality,
+                        media_type=record.media_type,
+                        size=record.bytes,
+                        evidence_id=record.id,
+                        sha256=record.sha256,
+                        locator_sha256=record.locator_sha256,
+                    )
+                )
+            return out
+
+        resolved = await anyio.to_thread.run_sync(resolve)
+        rt.metrics.leases_active.set(evidence.active_leases())
+        receipt.artifacts = [
+            {"evidence_id": m.evidence_id, "sha256": m.sha256, "media_type": m.media_type}
+            for m in resolved
+        ]
+        receipt.locator_sha256 = [m.locator_sha256 for m in resolved]
+        return resolved
+
+    async def _end_for_shutdown(
+        self, send: Send, receipt: Receipt, held: _Held, info: RequestInfo
+    ) -> None:
+        """Past the drain grace: end the request with upstream_unavailable (spec §11)."""
+        exc = GatewayError("upstream_unavailable")
+        receipt.outcome, receipt.error_code = "incomplete", exc.code
+        relay = held.relay
+        if relay is not None and relay.state.finished:
+            return
+        if relay is not None and relay.state.headers_sent:
+            relay.state.finished = True
+            await send({"type": "http.response.body", "body": error_event(exc)})
+        else:
+            await send_error(send, exc, info)
+
+    async def _finish(
+        self,
+        rt: Runtime,
+        info: RequestInfo,
+        receipt: Receipt,
+        exchange: Exchange,
+        held: _Held,
+    ) -> None:
+        relay = held.relay
+        closed_early = await relay.aclose() if relay is not None else False
+        if held.permit is not None:
+            held.permit.release()
+        if held.leased:
+            await anyio.to_thread.run_sync(rt.evidence.release, info.request_id)
+            rt.metrics.leases_active.set(rt.evidence.active_leases())
+        if exchange.disconnected:
+            receipt.cancellation.append("caller_disconnected")
+            receipt.outcome = "canceled"
+            receipt.error_code = None
+        if closed_early:
+            receipt.cancellation.append("upstream_closed")
+        plan = held.plan
+        if relay is not None and plan is not None:
+            validator = relay.validator
+            receipt.stream_sha256 = relay.state.stream_sha256
+            receipt.finish_reason = validator.finish_reason
+            receipt.usage = _usage(validator, relay, plan)
+            if relay.state.first_content_at is not None:
+                receipt.ttft_ms = round((relay.state.first_content_at - info.started) * 1000, 3)
+                rt.metrics.ttft.observe(relay.state.first_content_at - info.started)
+            if receipt.error_code is None and not exchange.disconnected and relay.state.finished:
+                receipt.outcome = "length" if validator.finish_reason == "length" else "complete"
+        elif plan is not None and receipt.outcome != "rejected" and not exchange.disconnected:
+            receipt.outcome = "rejected"
+        if held.reservation is not None:
+            used = receipt.usage.total_tokens if receipt.usage is not None else 0
+            held.reservation.settle(used)
+        receipt.duration_ms = round((time.monotonic() - info.started) * 1000, 3)
+        info.outcome = receipt.outcome
+        rt.receipts.write(receipt)
+        tenant = receipt.tenant
+        rt.metrics.stream_outcomes.labels(tenant, receipt.outcome).inc()
+        if receipt.usage is not None:
+            source = receipt.usage.source
+            rt.metrics.tokens.labels(tenant, "prompt", source).inc(receipt.usage.prompt_tokens)
+            rt.metrics.tokens.labels(tenant, "completion", source).inc(
+                receipt.usage.completion_tokens
+            )
+        if receipt.error_code is not None:
+            rt.metrics.rejections.labels(tenant, receipt.error_code).inc()
+        rt.inflight.discard(exchange)
+        exchange.done.set()
+
+
+async def _watch_disconnect(receive: Receive, exchange: Exchange) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            exchange.cancel()
+            return
+
+
+def _usage(validator: SSEValidator, relay: Relay, plan: RequestPlan) -> Usage:
+    reported = validator.usage
+    if reported is not None:
+        return Usage(
+            prompt_tokens=int(reported["prompt_tokens"]),
+            completion_tokens=int(reported["completion_tokens"]),
+            total_tokens=int(reported["total_tokens"]),
+            source="reported",
+            reported=dict(reported),
+        )
+    # No terminal usage (completions never stream it; disconnects and failures lose it).
+    prompt = estimate_prompt_tokens(plan.prompt_bytes)
+    completion = max(relay.state.content_chunks, math.ceil(validator.text_bytes / 4))
+    return Usage(prompt, completion, prompt + completion, "estimated")
+
+
+def _public_usage(usage: Usage) -> dict[str, Any]:
+    if usage.reported is not None:
+        return dict(usage.reported)
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }

@@ -1,0 +1,126 @@
+"""Receipts: one JSON line per authenticated inference request (spec §10, §12).
+
+Rules:
+- A :class:`Receipt` is filled in as the request goes and written exactly once,
+  from the request's one ``finally``.
+- Receipts hold digests, sizes, counts and outcomes, never prompt text, media
+  bytes, tokens or paths.
+- :class:`ReceiptWriter` keeps writes off the event loop: lines are queued and
+  a single flusher task appends each batch with one ``os.write`` on an
+  ``O_APPEND`` descriptor and fsyncs it, in a worker thread. One writer means
+  lines never interleave; whole-line appends mean a crash can at worst cut the
+  last line, never an earlier one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+import orjson
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    source: str  # reported | estimated
+    reported: dict[str, Any] | None = None  # the worker's usage object, all fields
+
+
+@dataclass(slots=True)
+class Receipt:
+    request_id: str
+    tenant: str
+    subject: str
+    endpoint: str
+    serve_identity: str | None
+    model_alias: str | None = None
+    route: str | None = None
+    request_sha256: str | None = None
+    request_bytes: int | None = None
+    artifacts: list[dict[str, str]] = field(default_factory=list)
+    locator_sha256: list[str | None] = field(default_factory=list)
+    dropped_parts: list[int] = field(default_factory=list)
+    max_tokens: int | None = None
+    stream: bool | None = None
+    outcome: str = "incomplete"
+    error_code: str | None = None
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    stream_sha256: str | None = None
+    queue_ms: float | None = None
+    ttft_ms: float | None = None
+    duration_ms: float | None = None
+    cancellation: list[str] = field(default_factory=list)
+    created: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class ReceiptWriter:
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._pending: list[bytes] = []
+        self._wakeup = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closed = False
+        self._fd: int | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.written = 0
+
+    async def start(self) -> None:
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+        self._task = asyncio.create_task(self._run(), name="receipt-writer")
+
+    def write(self, receipt: Receipt) -> None:
+        """Queue one receipt; never blocks the event loop."""
+        self._pending.append(orjson.dumps(receipt.to_json()) + b"\n")
+        self._idle.clear()
+        self._wakeup.set()
+
+    async def flush(self) -> None:
+        """Wait until everything queued so far is on disk."""
+        if self._task is None:
+            return
+        await self._idle.wait()
+
+    async def _run(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            batch, self._pending = self._pending, []
+            if batch:
+                await anyio.to_thread.run_sync(self._append, b"".join(batch))
+                self.written += len(batch)
+            if not self._pending:
+                self._idle.set()
+                if self._closed:
+                    return
+
+    def _append(self, data: bytes) -> None:
+        assert self._fd is not None
+        view = memoryview(data)
+        while view:
+            done = os.write(self._fd, view)
+            view = view[done:]
+        os.fsync(self._fd)
+
+    async def aclose(self) -> None:
+        if self._task is None:
+            return
+        self._closed = True
+        self._wakeup.set()
+        await self._task
+        self._task = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

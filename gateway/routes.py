@@ -1,0 +1,127 @@
+"""The small endpoints: model listing, evidence API, probes, metrics.
+
+All raw ASGI like the inference endpoints, sharing ``asgi.py`` helpers, so
+that every reply carries the same error shape and request id.
+"""
+
+from __future__ import annotations
+
+import anyio.to_thread
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from gateway.asgi import (
+    Receive,
+    Scope,
+    Send,
+    authorization_values,
+    info_of,
+    runtime_of,
+    send_error,
+    send_json,
+)
+from gateway.auth import authorize
+from gateway.errors import GatewayError
+from gateway.limits import ClientDisconnected, header, read_body
+from gateway.policy import Tenant
+from gateway.runtime import Runtime
+
+
+async def _tenant_for(scope: Scope, rt: Runtime, endpoint: str) -> Tenant:
+    policies = rt.policies
+    principal = await rt.auth.authenticate(authorization_values(scope), policies)
+    tenant = policies.tenants[principal.tenant]
+    info_of(scope).tenant = tenant.name
+    authorize(principal, tenant, endpoint)
+    return tenant
+
+
+async def models(scope: Scope, receive: Receive, send: Send) -> None:
+    rt = runtime_of(scope)
+    info = info_of(scope)
+    info.endpoint = "models"
+    try:
+        tenant = await _tenant_for(scope, rt, "models")
+    except GatewayError as exc:
+        await send_error(send, exc, info)
+        return
+    status = rt.readiness.status or "unavailable"
+    created = int(info.started)
+    data = [
+        {"id": alias, "object": "model", "created": created, "owned_by": "local", "status": status}
+        for alias in sorted(tenant.policy.models)
+    ]
+    await send_json(send, 200, {"object": "list", "data": data})
+
+
+async def evidence_upload(scope: Scope, receive: Receive, send: Send) -> None:
+    rt = runtime_of(scope)
+    info = info_of(scope)
+    info.endpoint = "evidence"
+    try:
+        tenant = await _tenant_for(scope, rt, "evidence")
+        data = await read_body(scope, receive, tenant.limits.max_media_bytes)
+        content_type = _single(scope, b"content-type")
+        locator = _single(scope, b"x-evidence-locator")
+        record = await anyio.to_thread.run_sync(
+            rt.evidence.upload, tenant, data, content_type, locator
+        )
+    except ClientDisconnected:
+        return
+    except GatewayError as exc:
+        await send_error(send, exc, info)
+        return
+    await send_json(send, 201, record.to_api())
+
+
+async def evidence_item(scope: Scope, receive: Receive, send: Send) -> None:
+    rt = runtime_of(scope)
+    info = info_of(scope)
+    info.endpoint = "evidence"
+    evidence_id: str = scope["path_params"]["evidence_id"]
+    try:
+        tenant = await _tenant_for(scope, rt, "evidence")
+        if scope["method"] == "DELETE":
+            await anyio.to_thread.run_sync(rt.evidence.delete, tenant, evidence_id)
+            rt.metrics.leases_active.set(rt.evidence.active_leases())
+            await send({"type": "http.response.start", "status": 204, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        record = await anyio.to_thread.run_sync(rt.evidence.get, tenant, evidence_id)
+    except GatewayError as exc:
+        await send_error(send, exc, info)
+        return
+    await send_json(send, 200, record.to_api())
+
+
+def _single(scope: Scope, name: bytes) -> str | None:
+    values = header(scope, name)
+    if len(values) > 1:
+        raise GatewayError("invalid_request", "A header is repeated.")
+    return values[0].decode("latin-1") if values else None
+
+
+async def livez(scope: Scope, receive: Receive, send: Send) -> None:
+    info_of(scope).endpoint = "health"
+    await send_json(send, 200, {"status": "ok"})
+
+
+async def readyz(scope: Scope, receive: Receive, send: Send) -> None:
+    rt = runtime_of(scope)
+    info_of(scope).endpoint = "health"
+    ready = rt.accepting()
+    body = {"status": "ready" if ready else "not_ready", "draining": rt.draining}
+    await send_json(send, 200 if ready else 503, body)
+
+
+async def metrics(scope: Scope, receive: Receive, send: Send) -> None:
+    rt = runtime_of(scope)
+    info_of(scope).endpoint = "metrics"
+    payload = generate_latest(rt.metrics.registry)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", CONTENT_TYPE_LATEST.encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})

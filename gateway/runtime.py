@@ -1,0 +1,167 @@
+"""Everything long-lived that one app serves from, built in the lifespan.
+
+A :class:`Runtime` lives on ``app.state.runtime``; nothing here is
+module-level. ``policies`` is replaced whole on reload (an immutable
+:class:`PolicySet`), so a request that read it once keeps that set.
+In-flight inference requests register an :class:`Exchange` so that a drain
+can wait for them and, past the grace period, end them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass, field
+
+import anyio
+import anyio.to_thread
+import httpx
+
+from gateway.admission import Admission
+from gateway.auth import Authenticator
+from gateway.auth.keys import load_key_set
+from gateway.config import GatewayConfig
+from gateway.evidence.service import EvidenceService
+from gateway.launch import build_plan
+from gateway.loader import ConfigError, Loaded, load_config, load_policies
+from gateway.metrics import GatewayMetrics
+from gateway.policy import PolicySet
+from gateway.ratelimit import InMemoryBucketStore, RateLimiter
+from gateway.readiness import Readiness
+from gateway.receipts import ReceiptWriter
+from gateway.upstream import Upstream
+
+log = logging.getLogger("gateway")
+
+
+@dataclass(eq=False)
+class Exchange:
+    """One in-flight inference request, as seen by drain and disconnect handling."""
+
+    request_id: str
+    scope: anyio.CancelScope | None = None
+    disconnected: bool = False
+    shutdown: bool = False
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def cancel(self, *, shutdown: bool = False) -> None:
+        if shutdown:
+            self.shutdown = True
+        else:
+            self.disconnected = True
+        if self.scope is not None:
+            self.scope.cancel()
+
+
+@dataclass(eq=False)
+class Runtime:
+    loaded: Loaded
+    policies: PolicySet
+    auth: Authenticator
+    upstream: Upstream
+    readiness: Readiness
+    admission: Admission
+    ratelimit: RateLimiter
+    evidence: EvidenceService
+    receipts: ReceiptWriter
+    metrics: GatewayMetrics
+    serve_identity: str | None
+    keys_http: httpx.AsyncClient | None = None
+    draining: bool = False
+    inflight: set[Exchange] = field(default_factory=set)
+
+    @property
+    def config(self) -> GatewayConfig:
+        return self.loaded.config
+
+    def accepting(self) -> bool:
+        return self.readiness.ready and not self.draining
+
+    async def reload(self) -> list[str]:
+        """SIGHUP: re-read policies and key files; swap only if all are valid."""
+        try:
+            config = load_config(self.loaded.config_path)
+            policies = load_policies(self.config)
+            keys = load_key_set(self.config.auth, os.environ)
+            if config != self.config:
+                log.warning("reload: changes outside policies and key files need a restart")
+        except ConfigError as exc:
+            self.metrics.reloads.labels("refused").inc()
+            for line in exc.errors:
+                log.error("reload refused: %s", line)
+            return exc.errors
+        self.policies = policies
+        self.auth.swap(keys)
+        self.metrics.reloads.labels("applied").inc()
+        log.info("reload applied: %d tenants", len(policies.tenants))
+        return []
+
+    async def drain(self, grace_s: float) -> None:
+        """SIGTERM: stop admitting, let in-flight requests finish, then end the rest."""
+        self.draining = True
+        await _wait_done(list(self.inflight), grace_s)
+        for exchange in list(self.inflight):
+            exchange.cancel(shutdown=True)
+        await _wait_done(list(self.inflight), 5)
+        await self.receipts.flush()
+
+
+async def _wait_done(exchanges: list[Exchange], timeout_s: float) -> None:
+    if not exchanges:
+        return
+    waits = [asyncio.ensure_future(ex.done.wait()) for ex in exchanges]
+    _, pending = await asyncio.wait(waits, timeout=timeout_s)
+    for wait in pending:
+        wait.cancel()
+
+
+async def build_runtime(loaded: Loaded) -> Runtime:
+    config = loaded.config
+    metrics = GatewayMetrics()
+    launch = config.upstream.launch
+    serve_identity = build_plan(launch).serve_identity if launch else None
+    upstream = Upstream(config.upstream, pool_size=config.admission.capacity + 8)
+    keys = load_key_set(config.auth, os.environ)
+    evidence = EvidenceService.from_config(config.staging)
+    # One server per staging dir: clear temp files and leases a crash left behind.
+    await anyio.to_thread.run_sync(evidence.recover)
+    receipts = ReceiptWriter(config.audit.path)
+    await receipts.start()
+    admission = Admission(
+        config.admission.capacity,
+        config.admission.max_queue,
+        on_change=metrics.on_admission_change,
+    )
+    # Only issuers with jwks_url need HTTP; never follow redirects for keys.
+    keys_http = (
+        httpx.AsyncClient(follow_redirects=False, trust_env=False, timeout=5)
+        if any(i.jwks_url for i in config.auth.issuers)
+        else None
+    )
+    runtime = Runtime(
+        loaded=loaded,
+        policies=loaded.policies,
+        auth=Authenticator(config.auth, keys, http=keys_http),
+        upstream=upstream,
+        readiness=Readiness(upstream, metrics),
+        admission=admission,
+        ratelimit=RateLimiter(InMemoryBucketStore()),
+        evidence=evidence,
+        receipts=receipts,
+        metrics=metrics,
+        serve_identity=serve_identity,
+        keys_http=keys_http,
+    )
+    for problem in await runtime.auth.prefetch():
+        log.warning("jwks prefetch: %s", problem)
+    return runtime
+
+
+async def close_runtime(runtime: Runtime) -> None:
+    await runtime.readiness.aclose()
+    await runtime.receipts.aclose()
+    await runtime.upstream.aclose()
+    if runtime.keys_http is not None:
+        await runtime.keys_http.aclose()
+    runtime.evidence.close()

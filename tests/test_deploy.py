@@ -1,0 +1,443 @@
+"""deploy/, Dockerfile and .dockerignore hold the invariants the gateway relies on.
+
+Only what the loader validates is loaded: TLS and JWKS files are Secrets in the
+pod and do not exist in the repository.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pytest
+import yaml
+
+from gateway.config import GatewayConfig
+from gateway.launch import build_plan, check_argv
+from gateway.loader import Loaded, load_all
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+CONFIG_DIR_IN_POD = PurePosixPath("/etc/mistralrs-gateway")
+CONFIG_IN_POD = CONFIG_DIR_IN_POD / "gateway.yaml"
+APP = {"app.kubernetes.io/name": "mistralrs-gateway"}
+
+Doc = dict[str, Any]
+
+
+def yaml_files() -> list[Path]:
+    return sorted([*DEPLOY.rglob("*.yaml"), *DEPLOY.rglob("*.yml")])
+
+
+@pytest.fixture(scope="module")
+def loaded() -> Loaded:
+    return load_all(DEPLOY / "gateway.yaml")
+
+
+@pytest.fixture(scope="module")
+def config(loaded: Loaded) -> GatewayConfig:
+    return loaded.config
+
+
+@pytest.fixture(scope="module")
+def docs() -> list[Doc]:
+    text = (DEPLOY / "k8s.yaml").read_text(encoding="utf-8")
+    return [d for d in yaml.safe_load_all(text) if d is not None]
+
+
+def only(docs: list[Doc], kind: str) -> Doc:
+    found = [d for d in docs if d["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def pod(docs: list[Doc]) -> Doc:
+    spec: Doc = only(docs, "Deployment")["spec"]["template"]["spec"]
+    return spec
+
+
+def container(pod: Doc, name: str) -> Doc:
+    found = [c for c in pod["containers"] if c["name"] == name]
+    assert len(found) == 1
+    result: Doc = found[0]
+    return result
+
+
+def volumes(pod: Doc) -> dict[str, Doc]:
+    return {v["name"]: v for v in pod["volumes"]}
+
+
+def mounts(c: Doc) -> dict[str, Doc]:
+    return {m["mountPath"]: m for m in c.get("volumeMounts", [])}
+
+
+def in_pod(config_path: Path) -> PurePosixPath:
+    """Where a file the config names locally (under deploy/) sits in the pod."""
+    if config_path.is_absolute() and not config_path.is_relative_to(DEPLOY):
+        return PurePosixPath(config_path)
+    return CONFIG_DIR_IN_POD / config_path.relative_to(DEPLOY).as_posix()
+
+
+def covering_mount(c: Doc, path: PurePosixPath) -> Doc:
+    """The deepest mount holding path (nested mounts shadow their parents)."""
+    best: Doc | None = None
+    for mount_path, mount in mounts(c).items():
+        inside = path == PurePosixPath(mount_path) or path.is_relative_to(mount_path)
+        if inside and (best is None or len(mount_path) > len(best["mountPath"])):
+            best = mount
+    assert best is not None, f"{path} is on no volume of {c['name']}"
+    return best
+
+
+# --- every file parses; the example config loads -------------------------------------
+
+
+def test_every_yaml_in_deploy_parses() -> None:
+    files = yaml_files()
+    assert {p.relative_to(DEPLOY).as_posix() for p in files} >= {
+        "gateway.yaml",
+        "k8s.yaml",
+        "kustomization.yaml",
+        "policies/acme.yaml",
+    }
+    for path in files:
+        parsed = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
+        assert parsed, path
+
+
+def test_example_config_and_policies_load(loaded: Loaded, config: GatewayConfig) -> None:
+    assert loaded.warnings == ()
+    assert set(loaded.policies.tenants) == {"acme"}
+    assert config.listen.host == "0.0.0.0"
+    assert config.listen.port == 8443
+    assert config.listen.tls is not None
+    assert config.upstream.base_url == "http://127.0.0.1:1234"
+    assert config.upstream.launch is not None
+    assert config.admission.capacity <= config.upstream.launch.max_seqs
+    for path in (config.staging.dir, config.staging.catalog, config.audit.path):
+        assert PurePosixPath(path).is_relative_to("/var/lib/mistralrs-gateway")
+
+
+# --- the pod ---------------------------------------------------------------------------
+
+
+def test_one_pod_two_containers(docs: list[Doc], pod: Doc) -> None:
+    deployment = only(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["selector"]["matchLabels"] == APP
+    assert deployment["spec"]["template"]["metadata"]["labels"] == APP
+    assert [c["name"] for c in pod["containers"]] == ["gateway", "worker"]
+    assert pod["automountServiceAccountToken"] is False
+    assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+
+
+def test_gateway_command(pod: Doc) -> None:
+    gateway = container(pod, "gateway")
+    assert gateway["command"] + gateway["args"] == [
+        "mistralrs-gateway",
+        "serve",
+        "--config",
+        str(CONFIG_IN_POD),
+    ]
+
+
+def test_worker_runs_exactly_the_launch_plan(pod: Doc, config: GatewayConfig) -> None:
+    assert config.upstream.launch is not None
+    plan = build_plan(config.upstream.launch)
+    worker = container(pod, "worker")
+    argv = worker["command"] + worker["args"]
+    assert argv == plan.argv
+    assert all(isinstance(token, str) for token in argv)  # "1234" quoted, not an int
+    i = argv.index("--host")
+    assert argv[i : i + 2] == ["--host", "127.0.0.1"]
+    check_argv(argv)
+
+
+def test_worker_exposes_nothing(pod: Doc) -> None:
+    worker = container(pod, "worker")
+    assert "ports" not in worker
+    # Kubelet probes reach the pod IP, which a loopback-only worker never answers.
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert probe not in worker
+
+
+def test_no_agent_flags_anywhere(pod: Doc) -> None:
+    pattern = re.compile(
+        r"^(-l|--log|--ui|--agent.*|--enable-.*|--sandbox.*|--mcp.*|--lora|--max-tool-rounds"
+        r"|--tool-dispatch-url|--search.*|--code-exec.*|--shell.*|--skills.*)(=.*)?$"
+    )
+    for c in pod["containers"]:
+        for token in c.get("command", []) + c.get("args", []):
+            assert not pattern.match(str(token)), (c["name"], token)
+        for env in c.get("env", []):
+            assert env["name"] not in ("MCP_CONFIG_PATH", "MISTRALRS_ALLOW_RUNTIME_LORA_UPDATING")
+
+
+def test_gateway_port_and_probes(pod: Doc, config: GatewayConfig) -> None:
+    gateway = container(pod, "gateway")
+    ports = gateway["ports"]
+    assert [p["containerPort"] for p in ports] == [config.listen.port] == [8443]
+    port_name = ports[0]["name"]
+    expected = {"startupProbe": "/livez", "livenessProbe": "/livez", "readinessProbe": "/readyz"}
+    for probe, path in expected.items():
+        get = gateway[probe]["httpGet"]
+        assert get["path"] == path
+        assert get["scheme"] == "HTTPS"
+        assert get["port"] in (port_name, 8443)
+
+
+@pytest.mark.parametrize("name", ["gateway", "worker"])
+def test_container_security(pod: Doc, name: str) -> None:
+    ctx = container(pod, name)["securityContext"]
+    assert ctx["runAsNonRoot"] is True
+    assert isinstance(ctx["runAsUser"], int) and ctx["runAsUser"] > 0
+    assert ctx["allowPrivilegeEscalation"] is False
+    assert ctx["readOnlyRootFilesystem"] is True
+    assert ctx.get("privileged", False) is False
+    assert ctx["capabilities"]["drop"] == ["ALL"]
+    assert "add" not in ctx["capabilities"]
+    assert ctx["seccompProfile"]["type"] == "RuntimeDefault"
+
+
+def test_pod_security(pod: Doc) -> None:
+    ctx = pod["securityContext"]
+    assert ctx["runAsNonRoot"] is True
+    assert ctx["seccompProfile"]["type"] == "RuntimeDefault"
+
+
+def test_containers_use_distinct_uids(pod: Doc) -> None:
+    uids = {c["securityContext"]["runAsUser"] for c in pod["containers"]}
+    assert len(uids) == 2
+
+
+@pytest.mark.parametrize("name", ["gateway", "worker"])
+def test_resources(pod: Doc, name: str) -> None:
+    resources = container(pod, name)["resources"]
+    assert resources["requests"]["memory"] and resources["requests"]["cpu"]
+    assert resources["limits"]["memory"]
+
+
+def test_grace_period_outlasts_the_drain(pod: Doc, config: GatewayConfig) -> None:
+    grace = pod["terminationGracePeriodSeconds"]
+    assert grace > config.listen.shutdown_grace_s
+    # The worker's SIGTERM waits for the drain but not for the whole grace period.
+    sleep = container(pod, "worker")["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert config.listen.shutdown_grace_s <= sleep < grace
+
+
+def test_images_are_pinned(pod: Doc) -> None:
+    for c in pod["containers"]:
+        image = c["image"]
+        name = image.split("@", 1)[0]
+        assert ":" in name.rsplit("/", 1)[-1], image
+        assert not name.endswith(":latest"), image
+    assert re.search(r"@sha256:[0-9a-f]{64}$", container(pod, "worker")["image"])
+
+
+# --- volumes ---------------------------------------------------------------------------
+
+
+def test_writable_paths_are_volumes(pod: Doc, config: GatewayConfig) -> None:
+    gateway = container(pod, "gateway")
+    vols = volumes(pod)
+    for path in (
+        PurePosixPath(config.staging.dir),
+        PurePosixPath(config.staging.catalog).parent,
+        PurePosixPath(config.audit.path).parent,
+    ):
+        mount = covering_mount(gateway, path)
+        assert not mount.get("readOnly", False), path
+        assert "subPath" not in mount
+        source = vols[mount["name"]]
+        assert "emptyDir" in source or "persistentVolumeClaim" in source
+
+
+def test_evidence_is_writable_by_gateway_read_only_in_worker(
+    pod: Doc, config: GatewayConfig
+) -> None:
+    gateway_mount = covering_mount(container(pod, "gateway"), PurePosixPath(config.staging.dir))
+    assert gateway_mount["mountPath"] == str(config.staging.dir)
+    assert "emptyDir" in volumes(pod)[gateway_mount["name"]]
+    worker_mounts = [
+        m for m in container(pod, "worker")["volumeMounts"] if m["name"] == gateway_mount["name"]
+    ]
+    assert len(worker_mounts) == 1
+    assert worker_mounts[0]["readOnly"] is True
+
+
+def test_model_volume_is_read_only(pod: Doc, config: GatewayConfig) -> None:
+    assert config.upstream.launch is not None
+    worker = container(pod, "worker")
+    mount = covering_mount(worker, PurePosixPath(config.upstream.launch.model_dir))
+    assert mount["readOnly"] is True
+    source = volumes(pod)[mount["name"]]
+    assert source["persistentVolumeClaim"]["readOnly"] is True
+    for c in pod["containers"]:
+        for m in c["volumeMounts"]:
+            if m["name"] == mount["name"]:
+                assert m["readOnly"] is True
+    gateway_names = {m["name"] for m in container(pod, "gateway")["volumeMounts"]}
+    assert mount["name"] not in gateway_names
+
+
+def test_worker_writes_only_scratch(pod: Doc) -> None:
+    vols = volumes(pod)
+    for m in container(pod, "worker")["volumeMounts"]:
+        if not m.get("readOnly", False):
+            assert m["mountPath"] == "/tmp"
+            assert "emptyDir" in vols[m["name"]]
+
+
+def test_config_keys_and_policies_are_mounted(pod: Doc, config: GatewayConfig) -> None:
+    gateway = container(pod, "gateway")
+    vols = volumes(pod)
+
+    config_mount = mounts(gateway)[str(CONFIG_IN_POD)]
+    assert config_mount["readOnly"] is True
+    assert vols[config_mount["name"]]["configMap"]["name"] == "mistralrs-gateway-config"
+
+    policies = covering_mount(gateway, in_pod(config.policies_dir))
+    assert policies["mountPath"] == str(in_pod(config.policies_dir))
+    assert vols[policies["name"]]["configMap"]["name"] == "mistralrs-gateway-policies"
+
+    assert config.listen.tls is not None
+    secret_files = [config.listen.tls.certfile, config.listen.tls.keyfile]
+    secret_files += [i.jwks_file for i in config.auth.issuers if i.jwks_file is not None]
+    for path in secret_files:
+        mount = covering_mount(gateway, in_pod(path))
+        assert mount["readOnly"] is True
+        assert "secret" in vols[mount["name"]], path
+
+    for m in gateway["volumeMounts"]:
+        if "configMap" in vols[m["name"]] or "secret" in vols[m["name"]]:
+            assert m["readOnly"] is True
+
+
+def test_secrets_are_not_in_the_manifests(docs: list[Doc], pod: Doc) -> None:
+    assert not [d for d in docs if d["kind"] == "Secret"]
+    for c in pod["containers"]:
+        for env in c.get("env", []):
+            assert "value" not in env or not re.search(
+                r"KEY|SECRET|TOKEN|PASSWORD", env["name"], re.IGNORECASE
+            )
+
+
+def test_kustomization_builds_the_config_maps() -> None:
+    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text(encoding="utf-8"))
+    assert kustomization["resources"] == ["k8s.yaml"]
+    generators = {g["name"]: g for g in kustomization["configMapGenerator"]}
+    assert generators["mistralrs-gateway-config"]["files"] == ["gateway.yaml"]
+    policy_files = sorted(p.relative_to(DEPLOY).as_posix() for p in DEPLOY.glob("policies/*.yaml"))
+    assert sorted(generators["mistralrs-gateway-policies"]["files"]) == policy_files
+    # A stable name: policy edits are applied in place and reloaded by SIGHUP.
+    assert generators["mistralrs-gateway-policies"]["options"]["disableNameSuffixHash"] is True
+
+
+# --- Service and NetworkPolicy -----------------------------------------------------------
+
+
+def test_service_exposes_only_8443(docs: list[Doc]) -> None:
+    service = only(docs, "Service")["spec"]
+    assert service["selector"] == APP
+    assert service.get("type", "ClusterIP") == "ClusterIP"
+    assert [(p["port"], p["targetPort"]) for p in service["ports"]] == [(8443, "https")]
+
+
+def test_network_policy_admits_only_8443(docs: list[Doc]) -> None:
+    policy = only(docs, "NetworkPolicy")["spec"]
+    assert policy["podSelector"]["matchLabels"] == APP
+    assert "Ingress" in policy["policyTypes"]
+    ports = [p for rule in policy["ingress"] for p in rule["ports"]]
+    assert ports == [{"port": 8443, "protocol": "TCP"}]
+    assert all(rule.get("ports") for rule in policy["ingress"])  # no all-ports rule
+    assert "Egress" in policy["policyTypes"] and policy["egress"] == []
+
+
+# --- Dockerfile --------------------------------------------------------------------------
+
+
+def dockerfile() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuations joined and comments dropped."""
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for raw in (ROOT / "Dockerfile").read_text(encoding="utf-8").splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line = pending + line
+        pending = ""
+        instruction, _, rest = line.partition(" ")
+        out.append((instruction.upper(), rest.strip()))
+    assert not pending
+    return out
+
+
+def instructions(name: str) -> list[str]:
+    return [rest for instruction, rest in dockerfile() if instruction == name]
+
+
+def test_dockerfile_base_is_slim_python_3_11() -> None:
+    froms = instructions("FROM")
+    assert froms
+    for line in froms:
+        image = line.split()[0]
+        assert re.fullmatch(r"python:3\.11(\.\d+)?-slim(-[a-z]+)?(@sha256:[0-9a-f]{64})?", image)
+    assert "latest" not in (ROOT / "Dockerfile").read_text(encoding="utf-8")
+
+
+def test_dockerfile_runs_as_numeric_non_root() -> None:
+    user = instructions("USER")[-1]
+    uid, _, gid = user.partition(":")
+    assert uid.isdigit() and int(uid) > 0
+    assert not gid or (gid.isdigit() and int(gid) > 0)
+    # The last stage (the image) sets the user after all RUN steps.
+    last = dockerfile()
+    last_user = max(i for i, (name, _) in enumerate(last) if name == "USER")
+    last_run = max(i for i, (name, _) in enumerate(last) if name == "RUN")
+    assert last_user > last_run
+
+
+def test_dockerfile_entrypoint_cmd_healthcheck_volume() -> None:
+    assert [json.loads(e) for e in instructions("ENTRYPOINT")] == [["mistralrs-gateway", "serve"]]
+    assert [json.loads(c) for c in instructions("CMD")] == [["--config", str(CONFIG_IN_POD)]]
+    (health,) = instructions("HEALTHCHECK")
+    assert "/livez" in health
+    assert "python" in health
+    assert "curl" not in health and "wget" not in health
+    volume = [json.loads(v) for v in instructions("VOLUME")]
+    assert volume == [["/var/lib/mistralrs-gateway"]]
+
+
+def test_dockerfile_installs_without_dev_deps() -> None:
+    installs = [r for r in instructions("RUN") if "pip install" in r]
+    assert installs
+    for line in installs:
+        assert "[test]" not in line and " -e " not in line
+        assert re.search(r"pip install \.( |$)", line)
+
+
+def test_dockerfile_bakes_in_no_secrets() -> None:
+    for name in ("ENV", "ARG", "LABEL"):
+        for line in instructions(name):
+            keys = re.findall(r"([A-Za-z_][A-Za-z0-9_]*)=", line) or line.split()[:1]
+            for key in keys:
+                assert not re.search(r"KEY|SECRET|TOKEN|PASSWORD", key, re.IGNORECASE), key
+    for line in instructions("COPY") + instructions("ADD"):
+        assert not re.search(r"\.(pem|key|crt|env)\b|jwks", line), line
+    assert not instructions("ADD")  # no remote fetches into the image
+
+
+def test_dockerignore_keeps_secrets_and_dev_files_out() -> None:
+    entries = {
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert {".git", ".venv", "tests", "fixtures", "var", "**/*.pem", "**/*.key"} <= entries
+    assert {"gateway", "pyproject.toml", "README.md"}.isdisjoint(entries)
