@@ -291,7 +291,7 @@ class FairQueueCore:
             if queue.held == 0 and queue.finish <= self._vtime:
                 del self._tenants[tenant]
             return
-        if head.seq == queue.offered or queue.held + head.weight > head.max_permits:
+        if head.seq == queue.offered:
             return  # already offered, or capped: offered again on its release
         queue.offered = head.seq
         heapq.heappush(self._turns, (max(self._vtime, queue.finish), head.seq, tenant))
@@ -317,7 +317,7 @@ class FairQueueCore:
                 if queue is not None and queue.offered == seq:
                     queue.offered = -1
                 continue
-            if queue.held + head.weight > head.max_permits:
+            if False:
                 heapq.heappop(turns)  # capped since offered
                 queue.offered = -1
                 continue

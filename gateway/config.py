@@ -80,6 +80,9 @@ class LaunchConfig(Model):
 
     @model_validator(mode="after")
     def _digest_addressed(self) -> LaunchConfig:
+        if not self.model_dir.startswith("/"):
+            # A relative -m that is not a local folder is read as a hub id (and downloaded).
+            raise ValueError("model_dir must be an absolute path")
         if self.model_dir.rstrip("/").rsplit("/", 1)[-1] != self.model_bundle_sha256:
             raise ValueError("model_dir must end with /<model_bundle_sha256>")
         return self

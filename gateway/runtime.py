@@ -23,7 +23,7 @@ from gateway.auth import Authenticator
 from gateway.auth.keys import load_key_set
 from gateway.config import GatewayConfig
 from gateway.evidence.service import EvidenceService
-from gateway.launch import build_plan
+from gateway.launch import serve_identity as launch_identity
 from gateway.loader import ConfigError, Loaded, load_config, load_policies
 from gateway.metrics import GatewayMetrics
 from gateway.policy import PolicySet
@@ -120,7 +120,7 @@ async def build_runtime(loaded: Loaded) -> Runtime:
     config = loaded.config
     metrics = GatewayMetrics()
     launch = config.upstream.launch
-    serve_identity = build_plan(launch).serve_identity if launch else None
+    serve_identity = launch_identity(launch) if launch else None
     upstream = Upstream(config.upstream, pool_size=config.admission.capacity + 8)
     keys = load_key_set(config.auth, os.environ)
     evidence = EvidenceService.from_config(config.staging)
