@@ -19,8 +19,9 @@ asyncio: one future per waiter, one loop timer per waiter as a wake-up for
 Scheduling is start-time fair queuing (virtual-time WFQ):
 
 * Each tenant keeps a FIFO of waiting tickets and a virtual *finish* tag.
-  The head's virtual *start* is ``max(V, finish)``, where ``V`` is the
-  start of the last admitted ticket. Admitting a head of weight ``w`` sets
+  A head's virtual *start* is ``max(V, finish)`` as of the moment it
+  becomes the head (or eligible), where ``V`` is the start of the last
+  admitted ticket. Admitting a head of weight ``w`` sets
   ``V = start`` and the tenant's ``finish = start + w / share``. So a
   backlogged tenant's tags advance by ``w / share`` per admission and, while
   units are contended, tenants receive units in proportion to ``share``.
@@ -41,6 +42,8 @@ Scheduling is start-time fair queuing (virtual-time WFQ):
   above ``capacity`` or ``max_permits`` is refused at the door).
 * A weight-0 request (``cost.base == 0``, no media) is admitted at once and
   takes no units.
+* ``share`` and ``max_permits`` are read from each ticket, not cached per
+  tenant, so a policy reload applies to the requests that arrive after it.
 
 The queue holds at most ``max_queue`` waiters: a request that would have to
 wait when that many are already waiting is refused (429 ``queue_full``); a
@@ -291,7 +294,7 @@ class FairQueueCore:
             if queue.held == 0 and queue.finish <= self._vtime:
                 del self._tenants[tenant]
             return
-        if head.seq == queue.offered:
+        if head.seq == queue.offered or queue.held + head.weight > head.max_permits:
             return  # already offered, or capped: offered again on its release
         queue.offered = head.seq
         heapq.heappush(self._turns, (max(self._vtime, queue.finish), head.seq, tenant))
@@ -317,7 +320,7 @@ class FairQueueCore:
                 if queue is not None and queue.offered == seq:
                     queue.offered = -1
                 continue
-            if False:
+            if queue.held + head.weight > head.max_permits:
                 heapq.heappop(turns)  # capped since offered
                 queue.offered = -1
                 continue

@@ -202,9 +202,11 @@ class SimRequest:
 
     ``headers`` has lower-cased names; repeated headers are joined with ``", "``.
     ``completed`` means the simulator played its whole scripted response (a
-    fault's script included); it stays False when the client went away first or
-    the simulator stopped. ``disconnected_at`` is set only when the client went
-    away before that.
+    fault's script included) to a connected client; it stays False when the
+    client went away first or the simulator stopped. ``disconnected_at`` is set
+    when the client went away while its response was still being played (for a
+    non-streamed request the script then runs on, as the engine's generation
+    does, so ``finished_at`` comes later).
     """
 
     seq: int
@@ -747,6 +749,9 @@ class _Core:
             completed = True
             return keep and inc.refusal is None
         finally:
+            # A client that left (a non-streamed request keeps running after that,
+            # like the engine) did not get the response, whatever the script did.
+            completed = completed and req.disconnected_at is None
             self.state.update(req, finished_at=time.monotonic(), completed=completed)
 
     async def _infer(self, conn: _Connection, req: SimRequest, ctx: _Ctx, keep: bool) -> bool:
@@ -911,6 +916,7 @@ class _Connection(asyncio.Protocol):
         self._queue: deque[_Incoming] = deque()
         self._task: asyncio.Task[None] | None = None
         self._lost = False
+        self._gone: asyncio.Future[None] = self._loop.create_future()
         self._broken = False
         self._reading_paused = False
         self._write_paused = False
@@ -955,6 +961,8 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
+        if not self._gone.done():
+            self._gone.set_result(None)
         self._core.connections.discard(self)
         if self._current is not None:
             self._core.state.update(self._current, disconnected_at=time.monotonic())
@@ -1127,7 +1135,8 @@ class _Connection(asyncio.Protocol):
         transport = self._transport
         assert transport is not None
         if op is _Op.HANG:
-            await asyncio.sleep(_HANG_LIMIT_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._gone), _HANG_LIMIT_S)
         elif op is _Op.ENDLESS:
             block = _frame(b"x" * _ENDLESS_BLOCK)
             for _ in range(_ENDLESS_LIMIT // _ENDLESS_BLOCK):

@@ -304,6 +304,8 @@ class SSEValidator:
         if self._overflow:
             raise _violation("Upstream stream exceeded the total size limit.")
         if not self._eof:
+            self._buf.clear()
+            self._pos = 0
             return NEED_DATA
         self._state = StreamState.CLOSED
         return Done()

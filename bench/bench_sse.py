@@ -1,0 +1,105 @@
+"""Events per second through the SSE validator on one core (json vs orjson).
+
+Run: ``.venv/bin/python -m bench.bench_sse``. The stream is what the worker
+sends for a long chat answer: keep-alives during prefill, one token-sized
+chunk per event in the worker's exact byte format, mixed ASCII and
+multi-byte text, the nine-field usage on the terminal chunk, ``[DONE]``.
+Two feeding patterns bracket reality: one read per event (a live stream the
+gateway keeps up with) and 64 KiB reads (a backlog drained at once).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from gateway.sse import NEED_DATA, Done, SSEValidator, StreamRules
+
+TOKENS = 4000
+REPEATS = 5
+WORDS = (" the", " model", " answer", " é", "té", " 日本", " 🙂", ",", " data", "\n")
+
+
+def _chunk(content: str, finish: str | None, usage: dict[str, Any] | None) -> bytes:
+    obj = {
+        "id": "7",
+        "choices": [
+            {
+                "finish_reason": finish,
+                "index": 0,
+                "delta": {"content": content, "role": "assistant", "tool_calls": None},
+                "logprobs": None,
+            }
+        ],
+        "created": 1755870000,
+        "model": "Qwen/Qwen3-4B",
+        "system_fingerprint": "local",
+        "object": "chat.completion.chunk",
+        "usage": usage,
+    }
+    return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+
+
+def chat_stream(tokens: int = TOKENS) -> list[bytes]:
+    """The stream as the list of its events' bytes."""
+    usage = {
+        "completion_tokens": tokens,
+        "prompt_tokens": 512,
+        "total_tokens": tokens + 512,
+        "avg_tok_per_sec": 55.2,
+        "avg_prompt_tok_per_sec": 310.0,
+        "avg_compl_tok_per_sec": 48.1,
+        "total_time_sec": 72.9,
+        "total_prompt_time_sec": 1.65,
+        "total_completion_time_sec": 71.25,
+    }
+    events = [b":\n\n", b":\n\n"]
+    events += [_chunk(WORDS[i % len(WORDS)], None, None) for i in range(tokens)]
+    events += [_chunk("", "stop", usage), b"data: [DONE]\n\n"]
+    return events
+
+
+def run_once(pieces: list[bytes], loads: Callable[[bytes | str], Any]) -> tuple[int, float]:
+    validator = SSEValidator(StreamRules("chat", max_tokens=TOKENS, loads=loads))
+    start = time.perf_counter()
+    for piece in [*pieces, b""]:
+        validator.receive_data(piece)
+        while (event := validator.next_event()) is not NEED_DATA:
+            if isinstance(event, Done):
+                return validator.events, time.perf_counter() - start
+    raise AssertionError("benchmark stream did not complete")
+
+
+def measure(pieces: list[bytes], loads: Callable[[bytes | str], Any]) -> float:
+    """Best of REPEATS, in events per second."""
+    best = 0.0
+    for _ in range(REPEATS):
+        events, elapsed = run_once(pieces, loads)
+        best = max(best, events / elapsed)
+    return best
+
+
+def main() -> None:
+    events = chat_stream()
+    blob = b"".join(events)
+    reads = {
+        "one read per event": events,
+        "64 KiB reads": [blob[i : i + 65536] for i in range(0, len(blob), 65536)],
+    }
+    loaders: dict[str, Callable[[bytes | str], Any]] = {
+        "json.loads": json.loads,
+        "orjson.loads": orjson.loads,
+    }
+    print(f"chat stream: {len(events)} events, {len(blob)} bytes, best of {REPEATS}")
+    for read_name, pieces in reads.items():
+        for loads_name, loads in loaders.items():
+            rate = measure(pieces, loads)
+            print(f"  {read_name:<20} {loads_name:<13} {rate:>10,.0f} events/s")
+
+
+if __name__ == "__main__":
+    main()
