@@ -1,0 +1,225 @@
+"""Operability on a threaded stack: readiness, probes and metrics (spec §5, §10, §11).
+
+The gateway polls the simulator's ``GET /v1/models`` every 0.2 s (the
+harness's ``upstream.readiness_poll_s``); every readiness change must show on
+``/readyz`` and on ``gateway_upstream_ready`` within two poll intervals.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.simulator import Simulator
+from tests.support.stack import Stack, chat_body, running_stack, sse_data
+
+POLL_S = 0.2
+#: two poll intervals, plus a little for the poll itself and thread scheduling
+WITHIN_S = 2 * POLL_S + 0.3
+
+SPEC_METRICS = (
+    "gateway_requests_total",
+    "gateway_request_duration_seconds",
+    "gateway_ttft_seconds",
+    "gateway_stream_outcomes_total",
+    "gateway_tokens_total",
+    "gateway_permits_in_use",
+    "gateway_admission_queue_depth",
+    "gateway_admission_wait_seconds",
+    "gateway_upstream_ready",
+    "gateway_evidence_leases_active",
+    "gateway_reloads_total",
+)
+
+Sample = tuple[str, dict[str, str], float]
+
+
+@pytest.fixture
+def ops_stack(tmp_path: Path, _dev_secret: None) -> Iterator[Stack]:
+    with running_stack(tmp_path, upstream={"readiness_poll_s": POLL_S}) as running:
+        yield running
+
+
+def samples(client: httpx.Client) -> list[Sample]:
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    return [
+        (s.name, dict(s.labels), s.value)
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    ]
+
+
+def sample_value(found: list[Sample], name: str, **labels: str) -> float | None:
+    for sample_name, sample_labels, value in found:
+        if sample_name == name and sample_labels == labels:
+            return value
+    return None
+
+
+def wait_readyz(client: httpx.Client, status: int, timeout_s: float) -> float:
+    """Poll ``/readyz`` until it answers ``status``; return the seconds it took."""
+    started = time.monotonic()
+    deadline = started + timeout_s
+    while True:
+        if client.get("/readyz").status_code == status:
+            return time.monotonic() - started
+        if time.monotonic() > deadline:
+            raise AssertionError(f"/readyz did not turn {status} within {timeout_s} s")
+        time.sleep(0.01)
+
+
+def inference_requests(sim: Simulator) -> int:
+    return sum(1 for r in sim.requests() if r.path.startswith("/v1/chat/completions"))
+
+
+def _reloading(sim: Simulator) -> None:
+    sim.set_model_status("reloading")
+
+
+def _unloaded(sim: Simulator) -> None:
+    sim.set_model_status("unloaded")
+
+
+def _missing(sim: Simulator) -> None:
+    sim.set_model_status(None)
+
+
+def _duplicated(sim: Simulator) -> None:
+    sim.set_model_entries(2)
+
+
+def _bad_body(sim: Simulator) -> None:
+    sim.set_models_fault("bad_body")
+
+
+def _restore(sim: Simulator) -> None:
+    sim.set_model_status("loaded")
+    sim.set_model_entries(1)
+    sim.set_models_fault(None)
+
+
+@pytest.mark.parametrize(
+    "break_worker",
+    [_reloading, _unloaded, _missing, _duplicated, _bad_body],
+    ids=["reloading", "unloaded", "missing", "duplicated", "bad_body"],
+)
+def test_readiness_follows_the_worker(
+    ops_stack: Stack, break_worker: Callable[[Simulator], None]
+) -> None:
+    stack = ops_stack
+    with stack.client() as client:
+        assert client.get("/readyz").status_code == 200
+        assert sample_value(samples(client), "gateway_upstream_ready") == 1.0
+
+        break_worker(stack.sim)
+        assert wait_readyz(client, 503, WITHIN_S) <= WITHIN_S
+        assert client.get("/readyz").json() == {"status": "not_ready", "draining": False}
+        assert sample_value(samples(client), "gateway_upstream_ready") == 0.0
+
+        before = inference_requests(stack.sim)
+        refused = client.post("/v1/chat/completions", json=chat_body(stream=True))
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "upstream_not_ready"
+        assert inference_requests(stack.sim) == before
+        receipt = stack.receipt(refused.headers["x-request-id"])
+        assert (receipt["outcome"], receipt["error_code"]) == ("rejected", "upstream_not_ready")
+        assert receipt["request_sha256"] is None
+
+        _restore(stack.sim)
+        assert wait_readyz(client, 200, WITHIN_S) <= WITHIN_S
+        assert sample_value(samples(client), "gateway_upstream_ready") == 1.0
+        served = client.post("/v1/chat/completions", json=chat_body(stream=True))
+        assert served.status_code == 200
+        assert sse_data(served.text)[-1] == "[DONE]"
+
+
+def test_reloading_then_loaded_again(ops_stack: Stack) -> None:
+    """One worker model reload, seen end to end: loaded → reloading → loaded."""
+    stack = ops_stack
+    with stack.client() as client:
+        seen = [client.get("/readyz").status_code]
+        stack.sim.set_model_status("reloading")
+        wait_readyz(client, 503, WITHIN_S)
+        seen.append(503)
+        stack.sim.set_model_status("loaded")
+        wait_readyz(client, 200, WITHIN_S)
+        seen.append(200)
+    assert seen == [200, 503, 200]
+    assert stack.runtime.readiness.status == "loaded"
+
+
+def test_livez_stays_up_without_the_worker(ops_stack: Stack) -> None:
+    stack = ops_stack
+    stack.sim.stop()
+    with stack.client() as client:
+        assert client.get("/livez").status_code == 200
+        wait_readyz(client, 503, WITHIN_S)
+        assert client.get("/livez").json() == {"status": "ok"}
+        refused = client.post("/v1/chat/completions", json=chat_body())
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "upstream_not_ready"
+        assert sample_value(samples(client), "gateway_upstream_ready") == 0.0
+
+
+def test_every_spec_metric_is_exposed(ops_stack: Stack) -> None:
+    stack = ops_stack
+    with stack.client() as client:
+        response = client.post("/v1/chat/completions", json=chat_body(stream=True))
+        assert response.status_code == 200
+        stack.receipt(response.headers["x-request-id"])
+        found = samples(client)
+    names = {name for name, _, _ in found}
+    missing = [
+        metric
+        for metric in SPEC_METRICS
+        if not any(name == metric or name.startswith(metric + "_") for name in names)
+    ]
+    assert missing == []
+    ok = {"tenant": "acme", "endpoint": "chat.completions", "status": "200"}
+    assert sample_value(found, "gateway_requests_total", **ok) == 1.0
+    assert sample_value(found, "gateway_stream_outcomes_total", tenant="acme", outcome="complete")
+    assert sample_value(
+        found, "gateway_tokens_total", tenant="acme", kind="completion", source="reported"
+    )
+    assert sample_value(found, "gateway_ttft_seconds_count") == 1.0
+    assert sample_value(found, "gateway_request_duration_seconds_count", endpoint="chat.completions")
+    assert sample_value(found, "gateway_admission_wait_seconds_count") == 1.0
+    assert sample_value(found, "gateway_permits_in_use") == 0.0
+    assert sample_value(found, "gateway_admission_queue_depth") == 0.0
+    assert sample_value(found, "gateway_evidence_leases_active") == 0.0
+    assert sample_value(found, "gateway_reloads_total", result="applied") == 0.0
+    assert sample_value(found, "gateway_reloads_total", result="refused") == 0.0
+
+
+def test_tenant_labels_come_only_from_config(ops_stack: Stack) -> None:
+    stack = ops_stack
+    stranger = "stranger-tenant-7f3a"
+    with httpx.Client(base_url=stack.url) as client:
+        anonymous = client.post("/v1/chat/completions", json=chat_body())
+        assert anonymous.status_code == 401
+        unconfigured = client.post(
+            "/v1/chat/completions",
+            json=chat_body(),
+            headers=stack.headers(stack.rs256(tenant=stranger)),
+        )
+        assert unconfigured.status_code == 403
+        assert unconfigured.json()["error"]["code"] == "tenant_not_configured"
+        served = client.post("/v1/chat/completions", json=chat_body(), headers=stack.headers())
+        assert served.status_code == 200
+        text = client.get("/metrics").text
+        found = samples(client)
+    unauthenticated = {"tenant": "-", "endpoint": "chat.completions", "status": "401"}
+    assert sample_value(found, "gateway_requests_total", **unauthenticated) == 1.0
+    refused = {"tenant": "-", "endpoint": "chat.completions", "status": "403"}
+    assert sample_value(found, "gateway_requests_total", **refused) == 1.0
+    assert stranger not in text
+    tenants = {labels["tenant"] for _, labels, _ in found if "tenant" in labels}
+    assert tenants <= {"acme", "globex", "-"}
+    assert "acme" in tenants

@@ -1,0 +1,311 @@
+"""Validated re-streaming, faults, timeouts, cancellation, receipts (issue 3).
+
+Each simulator fault is driven through the real gateway; the caller must get
+either an HTTP error (failure before the first byte) or one final SSE error
+event and never ``[DONE]``, and the receipt must say what happened.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.support.stack import Stack, chat_body, running_stack, sse_data
+
+# Small timeouts keep every timeout test to about a second.
+FAST = {
+    "first_event_timeout_s": 0.6,
+    "idle_timeout_s": 0.6,
+    "total_timeout_s": 5,
+    "max_line_bytes": 65_536,
+}
+
+
+@pytest.fixture(scope="module")
+def fast_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    mp = pytest.MonkeyPatch()
+    from gateway.harness import DEMO_SECRET_ENV
+    from tests.support.jwt import HS_SECRET
+
+    mp.setenv(DEMO_SECRET_ENV, HS_SECRET)
+    try:
+        with running_stack(tmp_path_factory.mktemp("fast"), upstream=FAST) as stack:
+            yield stack
+    finally:
+        mp.undo()
+
+
+def _result(response: httpx.Response) -> tuple[int, str | None, bool]:
+    """(status, error code or None, saw [DONE])."""
+    if response.status_code != 200:
+        return response.status_code, response.json()["error"]["code"], False
+    data = sse_data(response.text)
+    done = bool(data) and data[-1] == "[DONE]"
+    if done:
+        assert data.count("[DONE]") == 1
+        return 200, None, True
+    last = json.loads(data[-1])
+    return 200, last["error"]["code"], False
+
+
+# fault -> (error code, receipt outcome)
+FAULTS: dict[str, tuple[str, str]] = {
+    "missing_done": ("upstream_unavailable", "incomplete"),
+    "close_mid": ("upstream_unavailable", "incomplete"),
+    "error_json": ("upstream_error", "upstream_error"),
+    "error_raw": ("upstream_error", "upstream_error"),
+    "error_first": ("upstream_error", "upstream_error"),
+    "id_change": ("upstream_protocol_error", "protocol_error"),
+    "created_change": ("upstream_protocol_error", "protocol_error"),
+    "model_change": ("upstream_protocol_error", "protocol_error"),
+    "two_choices": ("upstream_protocol_error", "protocol_error"),
+    "role_change": ("upstream_protocol_error", "protocol_error"),
+    "nul_text": ("upstream_protocol_error", "protocol_error"),
+    "usage_early": ("upstream_protocol_error", "protocol_error"),
+    "bad_usage": ("upstream_protocol_error", "protocol_error"),
+    "too_many_tokens": ("upstream_protocol_error", "protocol_error"),
+    "bad_finish": ("upstream_protocol_error", "protocol_error"),
+    "named_event": ("upstream_protocol_error", "protocol_error"),
+    "after_done": ("upstream_protocol_error", "protocol_error"),
+    "invalid_utf8": ("upstream_protocol_error", "protocol_error"),
+    "json_body": ("upstream_protocol_error", "protocol_error"),
+    "wrong_content_type": ("upstream_protocol_error", "protocol_error"),
+    "gzip": ("upstream_protocol_error", "protocol_error"),
+    "redirect": ("upstream_protocol_error", "protocol_error"),
+    "wrong_request_id": ("upstream_protocol_error", "protocol_error"),
+    "endless_line": ("upstream_protocol_error", "protocol_error"),
+    "hang": ("upstream_timeout", "incomplete"),
+    "hang_headers": ("upstream_timeout", "incomplete"),
+    "hang_mid": ("upstream_timeout", "incomplete"),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+def test_every_fault(fast_stack: Stack, fault: str, stream: bool) -> None:
+    code, outcome = FAULTS[fault]
+    body = chat_body(f"go [[sim fault={fault} chunks=6]]", stream=stream)
+    with fast_stack.client(timeout=10) as client:
+        response = client.post("/v1/chat/completions", json=body)
+    status, got, done = _result(response)
+    assert not done, "a failed stream never ends with [DONE]"
+    assert got == code
+    if status != 200:
+        assert status == {"upstream_error": 502, "upstream_protocol_error": 502,
+                          "upstream_unavailable": 502, "upstream_timeout": 504}[code]  # fmt: skip
+    else:
+        assert stream, "a non-streaming caller never sees a 200 for a failure"
+    receipt = fast_stack.receipt(response.headers["x-request-id"])
+    assert receipt["outcome"] == outcome
+    assert receipt["error_code"] == code
+    assert receipt["usage"]["source"] == "estimated"
+
+
+def test_no_request_id_echo_is_fine(fast_stack: Stack) -> None:
+    with fast_stack.client() as client:
+        response = client.post("/v1/chat/completions", json=chat_body("[[sim fault=no_request_id]]"))
+    assert response.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("directive", "status", "code"),
+    [("status=500", 502, "upstream_error"), ("status=422", 400, "upstream_rejected")],
+)
+def test_worker_http_errors(fast_stack: Stack, directive: str, status: int, code: str) -> None:
+    with fast_stack.client() as client:
+        response = client.post("/v1/chat/completions", json=chat_body(f"[[sim {directive}]]"))
+    assert response.status_code == status
+    assert response.json()["error"]["code"] == code
+    assert "simulated" not in response.text, "worker error text is not passed through"
+    assert fast_stack.receipt(response.headers["x-request-id"])["outcome"] == "upstream_error"
+
+
+def test_canceled_finish(fast_stack: Stack) -> None:
+    body = chat_body("[[sim finish=canceled chunks=3]]", stream=True)
+    with fast_stack.client() as client:
+        response = client.post("/v1/chat/completions", json=body)
+    status, code, done = _result(response)
+    assert (code, done) == ("upstream_error", False)
+    assert fast_stack.receipt(response.headers["x-request-id"])["outcome"] == "canceled"
+
+
+def test_sdk_sees_error_event_and_no_done(fast_stack: Stack) -> None:
+    client = openai.OpenAI(
+        base_url=fast_stack.url + "/v1", api_key=fast_stack.rs256(), max_retries=0
+    )
+    stream = client.chat.completions.create(
+        model="gemma-4-mm",
+        messages=[{"role": "user", "content": "[[sim fault=error_json chunks=6]]"}],
+        stream=True,
+    )
+    with pytest.raises(openai.APIError) as info:
+        for _ in stream:
+            pass
+    assert "inference worker" in str(info.value.message)
+
+
+def test_keepalives_forwarded_and_unicode_split(fast_stack: Stack) -> None:
+    body = chat_body(
+        "[[sim chunks=4 unicode=1 split=1 first_delay_ms=250 keepalive_ms=100]]", stream=True
+    )
+    with fast_stack.client() as client:
+        response = client.post("/v1/chat/completions", json=body)
+    assert ":\n\n" in response.text, "keep-alives reach the caller"
+    data = sse_data(response.text)
+    assert data[-1] == "[DONE]"
+    text = "".join(json.loads(d)["choices"][0]["delta"]["content"] or "" for d in data[:-1])
+    assert "wörld" in text or "日本" in text
+
+
+def test_non_streaming_equals_stream_content(fast_stack: Stack) -> None:
+    with fast_stack.client() as client:
+        streamed = client.post(
+            "/v1/chat/completions", json=chat_body("[[sim chunks=7 unicode=1]]", stream=True)
+        )
+        whole = client.post("/v1/chat/completions", json=chat_body("[[sim chunks=7 unicode=1]]"))
+    chunks = [json.loads(d) for d in sse_data(streamed.text)[:-1]]
+    text = "".join(c["choices"][0]["delta"]["content"] or "" for c in chunks)
+    body = whole.json()
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"]["content"] == text
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert body["model"] == "gemma-4-mm"
+    assert body["usage"]["completion_tokens"] == 7
+    # The worker was asked for a stream both times (spec §9).
+    inference = [r for r in fast_stack.sim.requests() if r.path == "/v1/chat/completions"]
+    assert all(r.json["stream"] is True for r in inference[-2:])
+
+
+def test_tool_calls_assembled(fast_stack: Stack) -> None:
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
+    with fast_stack.client() as client:
+        response = client.post(
+            "/v1/chat/completions", json=chat_body("[[sim tool_call=1 chunks=2]]", tools=tools)
+        )
+    body = response.json()
+    assert body["choices"][0]["finish_reason"] == "tool_calls"
+    [call] = body["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["name"] == "lookup"
+    assert json.loads(call["function"]["arguments"]) == {"q": 1}
+
+
+def test_completions_usage_is_estimated(fast_stack: Stack) -> None:
+    with fast_stack.client() as client:
+        response = client.post(
+            "/v1/completions",
+            json={"model": "gemma-4-mm", "prompt": "hi [[sim chunks=5]]", "stream": True},
+        )
+    assert sse_data(response.text)[-1] == "[DONE]"
+    receipt = fast_stack.receipt(response.headers["x-request-id"])
+    assert receipt["outcome"] == "complete"
+    assert receipt["usage"]["source"] == "estimated"
+    assert receipt["usage"]["completion_tokens"] >= 5
+
+
+def test_receipt_fields_for_a_good_stream(fast_stack: Stack) -> None:
+    import hashlib
+
+    with fast_stack.client() as client:
+        response = client.post(
+            "/v1/chat/completions", json=chat_body("[[sim chunks=3]]", stream=True, max_tokens=50)
+        )
+    rid = response.headers["x-request-id"]
+    receipt = fast_stack.receipt(rid)
+    [seen] = [r for r in fast_stack.sim.requests() if r.headers.get("x-request-id") == rid]
+    assert receipt["request_sha256"] == hashlib.sha256(seen.body).hexdigest()
+    assert receipt["request_bytes"] == len(seen.body)
+    assert receipt["usage"]["source"] == "reported"
+    assert set(receipt["usage"]["reported"]) >= {"avg_tok_per_sec", "total_time_sec"}
+    assert receipt["max_tokens"] == 50 and receipt["stream"] is True
+    assert receipt["finish_reason"] == "stop" and receipt["cancellation"] == []
+    assert receipt["ttft_ms"] is not None and receipt["duration_ms"] >= receipt["ttft_ms"]
+    assert len(receipt["stream_sha256"]) == 64
+    raw = json.dumps(receipt)
+    assert "sim-token" not in raw and "[[sim" not in raw, "no prompt or output text"
+
+
+def _raw_request(stack: Stack, body: dict[str, Any]) -> socket.socket:
+    payload = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", stack.gw.server.port))
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        + f"authorization: Bearer {stack.rs256()}\r\n".encode()
+        + b"x-request-id: disconnect-"
+        + str(time.monotonic_ns()).encode()
+        + b"\r\n"
+        + f"content-length: {len(payload)}\r\n\r\n".encode()
+        + payload
+    )
+    return sock
+
+
+@pytest.mark.parametrize(
+    ("directive", "read_first"),
+    [("chunks=200 delay_ms=20", True), ("first_delay_ms=3000 chunks=2", False)],
+    ids=["mid_stream", "before_first_token"],
+)
+def test_disconnect_closes_worker_within_200ms(
+    tmp_path: Path, directive: str, read_first: bool
+) -> None:
+    with running_stack(tmp_path) as stack:
+        sock = _raw_request(stack, chat_body(f"[[sim {directive}]]", stream=True))
+        if read_first:
+            sock.recv(4096)
+        assert stack.sim.wait_for(lambda: stack.sim.active_streams == 1, 5)
+        closed_at = time.monotonic()
+        sock.close()
+        assert stack.sim.wait_for(
+            lambda: any(r.disconnected_at is not None for r in stack.sim.requests()), 2
+        )
+        [request] = [r for r in stack.sim.requests() if r.path == "/v1/chat/completions"]
+        assert request.disconnected_at is not None
+        assert request.disconnected_at - closed_at < 0.2
+        rid = request.headers["x-request-id"]
+        receipt = stack.receipt(rid)
+        assert receipt["outcome"] == "canceled"
+        assert receipt["cancellation"] == ["caller_disconnected", "upstream_closed"]
+        assert receipt["usage"]["source"] == "estimated"
+        assert stack.metric("gateway_permits_in_use") == 0
+
+
+def test_non_streaming_disconnect_frees_worker(tmp_path: Path) -> None:
+    with running_stack(tmp_path) as stack:
+        sock = _raw_request(stack, chat_body("[[sim chunks=200 delay_ms=20]]"))
+        assert stack.sim.wait_for(lambda: stack.sim.active_streams == 1, 5)
+        sock.close()
+        assert stack.sim.wait_for(
+            lambda: any(r.disconnected_at is not None for r in stack.sim.requests()), 2
+        )
+        rid = stack.sim.requests()[-1].headers["x-request-id"]
+        assert stack.receipt(rid)["outcome"] == "canceled"
+
+
+def test_total_timeout(tmp_path: Path) -> None:
+    upstream = {"total_timeout_s": 0.5, "idle_timeout_s": 5, "first_event_timeout_s": 5}
+    with running_stack(tmp_path, upstream=upstream) as stack:
+        with stack.client() as client:
+            response = client.post(
+                "/v1/chat/completions", json=chat_body("[[sim chunks=50 delay_ms=50]]", stream=True)
+            )
+        status, code, done = _result(response)
+        assert (status, code, done) == (200, "upstream_timeout", False)
+        assert stack.receipt(response.headers["x-request-id"])["outcome"] == "incomplete"
+
+
+def test_connection_refused(tmp_path: Path) -> None:
+    with running_stack(tmp_path) as stack:
+        stack.sim.stop()
+        stack.runtime.readiness.ready = True  # pretend the last poll was good
+        with stack.client() as client:
+            response = client.post("/v1/chat/completions", json=chat_body())
+        assert response.status_code == 502
+        assert response.json()["error"]["code"] == "upstream_unavailable"
+        assert stack.receipt(response.headers["x-request-id"])["outcome"] == "upstream_error"
