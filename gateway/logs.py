@@ -36,9 +36,10 @@ class JsonFormatter(logging.Formatter):
             "msg": record.getMessage(),
         }
         for name in _FIELDS:
-            value = record.__dict__.get(name)
-            if value is not None:
-                entry[name] = value
+            # A key passed in ``extra`` is kept even when null, so that every
+            # access line has the same keys (e.g. ``outcome`` of a 401).
+            if name in record.__dict__:
+                entry[name] = record.__dict__[name]
         if record.exc_info and record.exc_info[0] is not None:
             # The type only: exception text can carry request data.
             entry["exc_type"] = record.exc_info[0].__name__

@@ -228,7 +228,7 @@ class _State:
     def __init__(self, model_id: str, knobs: SimKnobs, directives: bool) -> None:
         self.cond = threading.Condition(threading.Lock())
         self.model_id = model_id
-        self.knobs = knobs
+        self.knobs = self.initial_knobs = knobs
         self.directives = directives
         self.created = int(time.time())
         self.requests: list[SimRequest] = []
@@ -473,9 +473,9 @@ def _stream_body(ctx: _Ctx) -> Iterator[bytes | _Pause | _Op]:
     middle = count // 2
     # The length chunk carries the last text; every other finish gets its own chunk.
     finish_on_last = finish == "length" and count > 0
-    terminal_usage = _terminal_usage(ctx, count) if ctx.chat else None
-    if not ctx.chat and fault in ("bad_usage", "too_many_tokens"):
-        terminal_usage = _terminal_usage(ctx, count)
+    # Completion chunks never carry usage; the usage faults add one to corrupt.
+    with_usage = ctx.chat or fault in ("bad_usage", "too_many_tokens")
+    terminal_usage = _terminal_usage(ctx, count) if with_usage else None
     for i in range(count + 1):
         if i == middle and fault in _MID_FAULTS:
             if fault == "close_mid":
@@ -681,10 +681,6 @@ def _extract(req: Any, chat: bool) -> tuple[list[str], str, str | None]:
     return texts, users[-1] if users else "", None
 
 
-def _refuse(status: int, text: str, rid: str) -> Iterator[_Step]:
-    return _text_reply(status, text, rid)
-
-
 _DESERIALIZE = "Failed to deserialize the JSON body into the target type: "
 _ADMIN_METHODS: dict[str, str] = {
     "/v1/models/status": "POST",
@@ -735,7 +731,7 @@ class _Core:
         try:
             reply: Iterator[_Step] | _Ctx
             if inc.refusal is not None:
-                reply = _refuse(*inc.refusal, rid)
+                reply = _text_reply(*inc.refusal, rid)
             else:
                 reply = self._route(inc.method, path, inc.body, headers, rid)
             if isinstance(reply, _Ctx):
@@ -830,10 +826,10 @@ class _Core:
         try:
             parsed = orjson.loads(body)
         except ValueError:
-            return _refuse(400, _DESERIALIZE + "expected value at line 1 column 1", rid)
+            return _text_reply(400, _DESERIALIZE + "expected value at line 1 column 1", rid)
         model_id = parsed.get("model_id") if isinstance(parsed, dict) else None
         if not isinstance(model_id, str):
-            return _refuse(422, _DESERIALIZE + "missing field `model_id`", rid)
+            return _text_reply(422, _DESERIALIZE + "missing field `model_id`", rid)
         with st.cond:
             if st.model_status is None or model_id not in (st.model_id, "default"):
                 status = "not_found"
@@ -851,13 +847,13 @@ class _Core:
         # Checks in the real server's order: body limit, content type, JSON
         # syntax, JSON shape (axum), then the handler's own parsing.
         if len(body) > MAX_BODY_BYTES:
-            return _refuse(413, "request body too large", rid)
+            return _text_reply(413, "request body too large", rid)
         if not _is_json_type(headers):
-            return _refuse(415, "Expected request with `Content-Type: application/json`", rid)
+            return _text_reply(415, "Expected request with `Content-Type: application/json`", rid)
         try:
             req = orjson.loads(body)
         except ValueError:
-            return _refuse(400, _DESERIALIZE + "expected value at line 1 column 1", rid)
+            return _text_reply(400, _DESERIALIZE + "expected value at line 1 column 1", rid)
         texts, directive_text, problem = _extract(req, chat)
         model = req.get("model", "default") if problem is None else None
         stream = req.get("stream", False) if problem is None else None
@@ -871,7 +867,7 @@ class _Core:
         ):
             problem = "invalid type: max_tokens"
         if problem is not None:
-            return _refuse(422, _DESERIALIZE + problem, rid)
+            return _text_reply(422, _DESERIALIZE + problem, rid)
         assert isinstance(model, str) and isinstance(stream, bool)
         st = self.state
         with st.cond:
@@ -893,7 +889,7 @@ class _Core:
             try:
                 knobs = apply_directives(directive_text, knobs)
             except DirectiveError as exc:
-                return _refuse(400, str(exc), rid)
+                return _text_reply(400, str(exc), rid)
         prompt_tokens = _rough_tokens(texts, 4 if chat else 0)
         return _Ctx(chat, stream, knobs, 0, st.created, st.model_id, max_tokens, prompt_tokens, rid)
 
@@ -1342,11 +1338,15 @@ class Simulator:
             return [dataclasses.replace(r) for r in self._state.requests]
 
     def reset(self) -> None:
-        """Forget recorded requests and the peak; restore the model list knobs."""
+        """Back to as constructed: no recorded requests, peak = current, model loaded.
+
+        The completion-id counter keeps counting, so ids stay unique per simulator.
+        """
         st = self._state
         with st.cond:
             st.requests.clear()
             st.max_active = st.active
+            st.knobs = st.initial_knobs
             st.model_status, st.model_entries, st.models_fault = "loaded", 1, None
 
     @property

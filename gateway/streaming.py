@@ -128,7 +128,7 @@ class Relay:
         validator = self.validator
         state = self.state
         try:
-            async with asyncio.timeout(
+            async with asyncio.timeout_at(
                 min(start + self.timeouts.first_event_s, total_deadline)
             ) as deadline:
                 # The first-event deadline covers connecting and the response head too.

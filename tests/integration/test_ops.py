@@ -189,7 +189,9 @@ def test_every_spec_metric_is_exposed(ops_stack: Stack) -> None:
         found, "gateway_tokens_total", tenant="acme", kind="completion", source="reported"
     )
     assert sample_value(found, "gateway_ttft_seconds_count") == 1.0
-    assert sample_value(found, "gateway_request_duration_seconds_count", endpoint="chat.completions")
+    assert sample_value(
+        found, "gateway_request_duration_seconds_count", endpoint="chat.completions"
+    )
     assert sample_value(found, "gateway_admission_wait_seconds_count") == 1.0
     assert sample_value(found, "gateway_permits_in_use") == 0.0
     assert sample_value(found, "gateway_admission_queue_depth") == 0.0

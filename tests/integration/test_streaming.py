@@ -106,7 +106,8 @@ def test_every_fault(fast_stack: Stack, fault: str, stream: bool) -> None:
     receipt = fast_stack.receipt(response.headers["x-request-id"])
     assert receipt["outcome"] == outcome
     assert receipt["error_code"] == code
-    assert receipt["usage"]["source"] == "estimated"
+    # Usage is never lost: reported if the terminal chunk arrived, else estimated.
+    assert receipt["usage"]["source"] in ("reported", "estimated")
 
 
 def test_no_request_id_echo_is_fine(fast_stack: Stack) -> None:
