@@ -56,3 +56,7 @@ def setup_logging(level: str) -> None:
     root.setLevel(chosen if chosen in logging.getLevelNamesMapping() else "INFO")
     # uvicorn's own access log would duplicate ours (and log raw paths).
     logging.getLogger("uvicorn.access").disabled = True
+    # httpx logs every worker call at INFO (a readiness poll every few seconds,
+    # a second line per request); its warnings and errors still come through.
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)

@@ -61,7 +61,8 @@ async def evidence_upload(scope: Scope, receive: Receive, send: Send) -> None:
         tenant = await _tenant_for(scope, rt, "evidence")
         data = await read_body(scope, receive, tenant.limits.max_media_bytes)
         content_type = _single(scope, b"content-type")
-        locator = _single(scope, b"x-evidence-locator")
+        # The locator digest is of its UTF-8 text (spec §12), as `evidence add` computes it.
+        locator = _single(scope, b"x-evidence-locator", "utf-8")
         record = await anyio.to_thread.run_sync(
             rt.evidence.upload, tenant, data, content_type, locator
         )
@@ -93,11 +94,16 @@ async def evidence_item(scope: Scope, receive: Receive, send: Send) -> None:
     await send_json(send, 200, record.to_api())
 
 
-def _single(scope: Scope, name: bytes) -> str | None:
+def _single(scope: Scope, name: bytes, encoding: str = "latin-1") -> str | None:
     values = header(scope, name)
     if len(values) > 1:
         raise GatewayError("invalid_request", "A header is repeated.")
-    return values[0].decode("latin-1") if values else None
+    if not values:
+        return None
+    try:
+        return values[0].decode(encoding)
+    except UnicodeDecodeError as exc:
+        raise GatewayError("invalid_request", f"A header is not valid {encoding}.") from exc
 
 
 async def livez(scope: Scope, receive: Receive, send: Send) -> None:

@@ -187,10 +187,9 @@ def test_versions_without_a_known_serve_contract_are_refused(version: str) -> No
 
 
 def test_relative_model_dir_is_refused() -> None:
-    # A config can be valid and still name a path mistral.rs would read as a hub id.
-    launch = make(model_dir=f"models/{BUNDLE}")
+    # A relative path is one mistral.rs would read as a hub id: refused at load.
     with pytest.raises(ValueError, match="absolute"):
-        build_argv(launch)
+        make(model_dir=f"models/{BUNDLE}")
 
 
 def test_argv_follows_each_runtime_field() -> None:

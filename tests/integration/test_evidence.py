@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from gateway import cli
-from gateway.evidence.samples import SAMPLES
+from gateway.evidence.samples import SAMPLES, build_wav
 from gateway.harness import SIM_ROUTE
 from gateway.simulator import SimRequest
 from tests.support.stack import Stack, chat_body, running_stack, sse_data
@@ -214,17 +214,65 @@ def test_upload_with_mismatched_bytes_is_415(stack: Stack, data: bytes, content_
 
 
 def test_upload_above_the_tenant_media_limit_is_413(tmp_path: Path) -> None:
-    limit = len(PNG) + 10
-    assert len(WAV) > limit
-    acme = {"limits": {**BASE_LIMITS, "max_media_bytes": limit}}
+    big_wav = build_wav(seconds=0.2)
+    assert len(PNG) < 100 < len(WAV) < 1000 < len(big_wav)
+    # max_body_bytes bounds JSON bodies, not uploads; max_media_bytes bounds uploads.
+    acme = {"limits": {**BASE_LIMITS, "max_body_bytes": 100, "max_media_bytes": 1000}}
     with running_stack(tmp_path, acme=acme) as stack:
-        response = upload(stack, WAV, "audio/wav")
+        response = upload(stack, big_wav, "audio/wav")
         assert response.status_code == 413
         assert error_code(response) == "body_too_large"
         assert files_in(stack) == set()
+        assert staged(stack, WAV, "audio/wav")["bytes"] == len(WAV)
         # The limit is the tenant's own: globex keeps the global ceiling.
-        assert upload(stack, WAV, "audio/wav", tenant="globex").status_code == 201
-        assert upload(stack, PNG, "image/png").status_code == 201
+        assert staged(stack, big_wav, "audio/wav", tenant="globex")["bytes"] == len(big_wav)
+
+
+def test_upload_needs_the_evidence_scope(stack: Stack) -> None:
+    record = staged(stack, PNG, "image/png")
+    token = stack.rs256(scope="inference")
+    response = httpx.post(
+        f"{stack.url}/v1/evidence",
+        content=PNG,
+        headers=stack.headers(token, **{"content-type": "image/png"}),
+    )
+    assert response.status_code == 403
+    assert error_code(response) == "insufficient_scope"
+    with stack.client(token) as client:
+        assert error_code(client.get(f"/v1/evidence/{record['id']}")) == "insufficient_scope"
+        assert client.delete(f"/v1/evidence/{record['id']}").status_code == 403
+    with stack.client(stack.rs256()) as client:
+        assert client.get(f"/v1/evidence/{record['id']}").json() == record
+        assert client.delete(f"/v1/evidence/{record['id']}").status_code == 204
+        gone = client.delete(f"/v1/evidence/{record['id']}")
+    assert error_code(gone) == "evidence_not_found"
+    assert files_in(stack) == set()
+
+
+def test_non_ascii_locator_digest_matches_the_cli(
+    stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    locator = "s3://akte/straße/ü.png"
+    headers = [
+        *((k.encode(), v.encode()) for k, v in stack.headers(stack.rs256()).items()),
+        (b"content-type", b"image/png"),
+        (b"x-evidence-locator", locator.encode("utf-8")),
+    ]
+    response = httpx.post(f"{stack.url}/v1/evidence", content=PNG, headers=headers)
+    assert response.status_code == 201
+    assert response.json()["locator_sha256"] == sha(locator.encode("utf-8"))
+
+    sample = tmp_path / "scan.png"
+    sample.write_bytes(PNG)
+    config = str(stack.gw.loaded.config_path)
+    argv = ["evidence", "add", "--config", config, "--tenant", "acme", "--locator", locator]
+    assert cli.main([*argv, str(sample)]) == 0
+    assert json.loads(capsys.readouterr().out)["locator_sha256"] == sha(locator.encode("utf-8"))
+
+    bad = [*headers[:-1], (b"x-evidence-locator", b"\xff\xfe")]
+    refused = httpx.post(f"{stack.url}/v1/evidence", content=PNG, headers=bad)
+    assert refused.status_code == 400
+    assert error_code(refused) == "invalid_request"
 
 
 def test_concurrent_uploads_of_the_same_bytes_store_one_file(stack: Stack) -> None:

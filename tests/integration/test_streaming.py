@@ -112,7 +112,9 @@ def test_every_fault(fast_stack: Stack, fault: str, stream: bool) -> None:
 
 def test_no_request_id_echo_is_fine(fast_stack: Stack) -> None:
     with fast_stack.client() as client:
-        response = client.post("/v1/chat/completions", json=chat_body("[[sim fault=no_request_id]]"))
+        response = client.post(
+            "/v1/chat/completions", json=chat_body("[[sim fault=no_request_id]]")
+        )
     assert response.status_code == 200
 
 
@@ -133,7 +135,7 @@ def test_canceled_finish(fast_stack: Stack) -> None:
     body = chat_body("[[sim finish=canceled chunks=3]]", stream=True)
     with fast_stack.client() as client:
         response = client.post("/v1/chat/completions", json=body)
-    status, code, done = _result(response)
+    _, code, done = _result(response)
     assert (code, done) == ("upstream_error", False)
     assert fast_stack.receipt(response.headers["x-request-id"])["outcome"] == "canceled"
 
@@ -182,7 +184,7 @@ def test_non_streaming_equals_stream_content(fast_stack: Stack) -> None:
     assert body["usage"]["completion_tokens"] == 7
     # The worker was asked for a stream both times (spec §9).
     inference = [r for r in fast_stack.sim.requests() if r.path == "/v1/chat/completions"]
-    assert all(r.json["stream"] is True for r in inference[-2:])
+    assert all(r.json is not None and r.json["stream"] is True for r in inference[-2:])
 
 
 def test_tool_calls_assembled(fast_stack: Stack) -> None:
