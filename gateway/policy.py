@@ -163,8 +163,6 @@ def check_policy(policy: TenantPolicy, stem: str, config: GatewayConfig) -> list
         problems.append(
             ("limits.max_media_bytes", "x 4/3 exceeds upstream.max_request_bytes (data_url mode)")
         )
-    if policy.admission.max_permits > config.admission.capacity:
-        problems.append(("admission.max_permits", "exceeds admission.capacity"))
     names = [k.name for k in policy.api_keys]
     if len(names) != len(set(names)):
         problems.append(("api_keys", "key names must be unique"))
