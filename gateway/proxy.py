@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import anyio
@@ -68,6 +69,8 @@ class _Held:
     permit: Permit | None = None
     reservation: Reservation | None = None
     leased: bool = False
+    #: evidence staged from this request's inline data: forgotten when it ends
+    staged: list[tuple[Tenant, str]] = field(default_factory=list)
     relay: Relay | None = None
     plan: RequestPlan | None = None
 
@@ -277,7 +280,9 @@ class InferenceEndpoint:
                 else:
                     assert ref.data_url is not None
                     mime, data = decode_data_url(ref.data_url, tenant.limits.max_media_bytes)
-                    ids.append(evidence.upload(tenant, data, mime, None).id)
+                    staged = evidence.upload(tenant, data, mime, None).id
+                    held.staged.append((tenant, staged))
+                    ids.append(staged)
             records = evidence.lease(request_id, tenant, ids)
             held.leased = True
             out = []
@@ -336,8 +341,8 @@ class InferenceEndpoint:
         closed_early = await relay.aclose() if relay is not None else False
         if held.permit is not None:
             held.permit.release()
-        if held.leased:
-            await anyio.to_thread.run_sync(rt.evidence.release, info.request_id)
+        if held.leased or held.staged:
+            await anyio.to_thread.run_sync(_release_evidence, rt, info.request_id, held.staged)
             rt.metrics.leases_active.set(rt.evidence.active_leases())
         if exchange.disconnected:
             receipt.cancellation.append("caller_disconnected")
@@ -376,6 +381,14 @@ class InferenceEndpoint:
             rt.metrics.rejections.labels(tenant, receipt.error_code).inc()
         rt.inflight.discard(exchange)
         exchange.done.set()
+
+
+def _release_evidence(rt: Runtime, request_id: str, staged: list[tuple[Tenant, str]]) -> None:
+    rt.evidence.release(request_id)
+    for tenant, evidence_id in staged:
+        # Inline data was staged only for this request; its file goes with the record.
+        with contextlib.suppress(GatewayError):
+            rt.evidence.delete(tenant, evidence_id)
 
 
 async def _watch_disconnect(receive: Receive, exchange: Exchange) -> None:

@@ -79,6 +79,7 @@ class ReceiptWriter:
     async def start(self) -> None:
         self._path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+        await anyio.to_thread.run_sync(self._end_torn_line)
         self._task = asyncio.create_task(self._run(), name="receipt-writer")
 
     def write(self, receipt: Receipt) -> None:
@@ -105,6 +106,15 @@ class ReceiptWriter:
                 self._idle.set()
                 if self._closed:
                     return
+
+    def _end_torn_line(self) -> None:
+        """After a crash mid-append, start on a fresh line so the next receipt stays whole."""
+        size = self._path.stat().st_size
+        if size:
+            with self._path.open("rb") as handle:
+                handle.seek(size - 1)
+                if handle.read(1) != b"\n":
+                    self._append(b"\n")
 
     def _append(self, data: bytes) -> None:
         assert self._fd is not None

@@ -1,0 +1,72 @@
+"""The receipt writer: whole lines, once each, under concurrency and after a crash."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from gateway.receipts import Receipt, ReceiptWriter, Usage
+
+
+def _receipt(n: int) -> Receipt:
+    return Receipt(
+        request_id=f"req-{n}",
+        tenant="acme",
+        subject="s",
+        endpoint="chat.completions",
+        serve_identity=None,
+        outcome="complete",
+        usage=Usage(1, 2, 3, "reported"),
+    )
+
+
+async def test_concurrent_writes_are_whole_lines(tmp_path: Path) -> None:
+    path = tmp_path / "audit" / "receipts.jsonl"
+    writer = ReceiptWriter(path)
+    await writer.start()
+
+    async def burst(base: int) -> None:
+        for i in range(100):
+            writer.write(_receipt(base + i))
+            if i % 10 == 0:
+                await asyncio.sleep(0)
+
+    await asyncio.gather(*(burst(k * 1000) for k in range(8)))
+    await writer.flush()
+    await writer.aclose()
+    lines = path.read_bytes().splitlines()
+    assert len(lines) == 800
+    ids = {json.loads(line)["request_id"] for line in lines}
+    assert len(ids) == 800
+    assert writer.written == 800
+
+
+async def test_torn_last_line_leaves_earlier_lines_intact(tmp_path: Path) -> None:
+    path = tmp_path / "receipts.jsonl"
+    writer = ReceiptWriter(path)
+    await writer.start()
+    for i in range(3):
+        writer.write(_receipt(i))
+    await writer.aclose()
+    # A crash mid-append can at worst leave a torn final line.
+    with path.open("ab") as handle:
+        handle.write(b'{"request_id": "torn')
+    writer = ReceiptWriter(path)
+    await writer.start()
+    writer.write(_receipt(99))
+    await writer.aclose()
+    lines = path.read_bytes().split(b"\n")
+    parsed = []
+    for line in lines:
+        try:
+            parsed.append(json.loads(line)["request_id"])
+        except ValueError:
+            continue
+    assert parsed == ["req-0", "req-1", "req-2", "req-99"]
+
+
+def test_receipt_holds_no_text_fields() -> None:
+    fields = set(_receipt(1).to_json())
+    assert not fields & {"prompt", "messages", "content", "text", "authorization"}
+    assert {"request_sha256", "stream_sha256", "usage", "outcome", "cancellation"} <= fields
