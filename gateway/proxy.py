@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import math
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -69,6 +70,8 @@ class _Held:
     permit: Permit | None = None
     reservation: Reservation | None = None
     leased: bool = False
+    # Callers choose x-request-id (and may repeat it); leases need a key of our own.
+    lease_key: str = field(default_factory=lambda: "lease_" + uuid.uuid4().hex)
     #: evidence staged from this request's inline data: forgotten when it ends
     staged: list[tuple[Tenant, str]] = field(default_factory=list)
     relay: Relay | None = None
@@ -185,7 +188,7 @@ class InferenceEndpoint:
         )
         rate_headers = held.reservation.headers()
         info.extra_headers = [(k.encode(), v.encode()) for k, v in rate_headers.items()]
-        resolved = await self._resolve_media(rt, tenant, plan, receipt, held, info.request_id)
+        resolved = await self._resolve_media(rt, tenant, plan, receipt, held)
         forwarded = render(
             plan,
             resolved,
@@ -263,7 +266,6 @@ class InferenceEndpoint:
         plan: RequestPlan,
         receipt: Receipt,
         held: _Held,
-        request_id: str,
     ) -> list[ResolvedMedia]:
         pending = plan.pending_media
         if not pending:
@@ -283,7 +285,7 @@ class InferenceEndpoint:
                     staged = evidence.upload(tenant, data, mime, None).id
                     held.staged.append((tenant, staged))
                     ids.append(staged)
-            records = evidence.lease(request_id, tenant, ids)
+            records = evidence.lease(held.lease_key, tenant, ids)
             held.leased = True
             out = []
             for record in records:
@@ -320,6 +322,7 @@ class InferenceEndpoint:
         """Past the drain grace: end the request with upstream_unavailable (spec §11)."""
         exc = GatewayError("upstream_unavailable")
         receipt.outcome, receipt.error_code = "incomplete", exc.code
+        info.error_code = exc.code
         relay = held.relay
         if relay is not None and relay.state.finished:
             return
@@ -342,7 +345,7 @@ class InferenceEndpoint:
         if held.permit is not None:
             held.permit.release()
         if held.leased or held.staged:
-            await anyio.to_thread.run_sync(_release_evidence, rt, info.request_id, held.staged)
+            await anyio.to_thread.run_sync(_release_evidence, rt, held.lease_key, held.staged)
             rt.metrics.leases_active.set(rt.evidence.active_leases())
         if exchange.disconnected:
             receipt.cancellation.append("caller_disconnected")
@@ -383,8 +386,8 @@ class InferenceEndpoint:
         exchange.done.set()
 
 
-def _release_evidence(rt: Runtime, request_id: str, staged: list[tuple[Tenant, str]]) -> None:
-    rt.evidence.release(request_id)
+def _release_evidence(rt: Runtime, lease_key: str, staged: list[tuple[Tenant, str]]) -> None:
+    rt.evidence.release(lease_key)
     for tenant, evidence_id in staged:
         # Inline data was staged only for this request; its file goes with the record.
         with contextlib.suppress(GatewayError):

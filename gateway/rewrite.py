@@ -222,7 +222,7 @@ def _plan_messages(
         if not isinstance(message, dict) or set(message) - _MESSAGE_FIELDS:
             raise _bad("invalid_request", "A message is malformed.", "messages")
         role = message.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:  # an unhashable role is no role
             raise _bad("invalid_request", "A message role is not supported.", "messages")
         content = message.get("content")
         if isinstance(content, str):
@@ -420,7 +420,11 @@ def render(
     body["stream"] = True
     body["stream_options"] = {"include_usage": True}
     body["max_tokens"] = plan.max_tokens
-    out = dumps(body)
+    try:
+        out = dumps(body)
+    except (TypeError, ValueError) as exc:
+        # Values JSON cannot carry on the wire (lone surrogates, integers past 64 bits).
+        raise _bad("invalid_request", "The request contains values that cannot be encoded.") from exc
     if len(out) > max_request_bytes:
         raise _bad("media_limit_exceeded", "The request would exceed the worker's body limit.")
     return out

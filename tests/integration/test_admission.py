@@ -40,7 +40,8 @@ def test_capacity_bounds_worker_concurrency(tmp_path: Path) -> None:
         assert [r[0] for r in results] == [200] * 10
         assert all(r[1] == ["[DONE]"] for r in results)
         assert stack.sim.max_active_streams == 2
-        assert stack.metric("gateway_permits_in_use") == 0
+        # Permits are released in each request's finally, just after its last byte.
+        assert stack.sim.wait_for(lambda: stack.metric("gateway_permits_in_use") == 0, 5)
         assert stack.metric("gateway_admission_queue_depth") == 0
         waited = stack.metric("gateway_admission_wait_seconds_count")
         assert waited == 10

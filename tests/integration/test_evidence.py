@@ -471,14 +471,6 @@ def test_a_lease_keeps_a_deleted_records_file_until_the_stream_ends(stack: Stack
     assert receipt["artifacts"][0]["evidence_id"] == record["id"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "gateway/proxy.py keys evidence leases by the caller's x-request-id "
-        "(evidence.lease/release(info.request_id)): a second request reusing the "
-        "id releases the first request's leases while it still streams"
-    ),
-)
 def test_leases_are_per_request_even_when_request_ids_repeat(stack: Stack) -> None:
     slow = staged(stack, PNG, "image/png")
     quick = staged(stack, WAV, "audio/wav")
@@ -562,8 +554,12 @@ def test_inline_stage_policy_stages_data_urls(tmp_path: Path) -> None:
             (sha(PNG), "image/png"),
             (sha(WAV), "audio/wav"),
         ]
-        assert receipt["artifacts"][0]["evidence_id"].startswith("ev_")
-        assert f"{sha(PNG)}.png" in files_in(stack)
+        # Inline data is staged for this request only: record and file go with it.
+        inline_id = receipt["artifacts"][0]["evidence_id"]
+        assert inline_id.startswith("ev_")
+        with stack.client(stack.rs256()) as client:
+            assert client.get(f"/v1/evidence/{inline_id}").status_code == 404
+        assert eventually(lambda: files_in(stack) == {f"{sha(WAV)}.wav"})
 
         # Bytes that are not what the data URL declares never reach the worker.
         wrong = "data:image/png;base64," + base64.b64encode(WAV).decode()

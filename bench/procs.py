@@ -1,0 +1,73 @@
+"""Child processes of the benchmark (simulator, gateway) and their /proc figures.
+
+Each child writes stdout/stderr to files (a full pipe would stall it); the
+listening port is read from its first stdout line. Children are stopped by
+their own PID only: SIGTERM, then SIGKILL after a bounded wait.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+_LISTENING = re.compile(rb"listening on https?://127\.0\.0\.1:(\d+)")
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class Child:
+    def __init__(self, name: str, argv: list[str], workdir: Path, env: dict[str, str]) -> None:
+        self.name = name
+        self.stdout_path = workdir / f"{name}.out"
+        self.stderr_path = workdir / f"{name}.err"
+        with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=err, env=env, cwd=workdir)
+        self.pid = self.proc.pid
+        self.port = 0
+
+    def wait_listening(self, timeout_s: float = 30) -> int:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            match = _LISTENING.search(self.stdout_path.read_bytes())
+            if match:
+                self.port = int(match.group(1))
+                return self.port
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        tail = self.stderr_path.read_bytes()[-2000:].decode(errors="replace")
+        raise RuntimeError(f"{self.name} did not start listening:\n{tail}")
+
+    def cpu_s(self) -> float:
+        """utime + stime of the process, in seconds (/proc/<pid>/stat)."""
+        raw = Path(f"/proc/{self.pid}/stat").read_bytes()
+        fields = raw[raw.rindex(b")") + 2 :].split()
+        # Fields after the comm: state is [0]; utime and stime are stat fields 14, 15.
+        return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+    def status_kb(self, key: str) -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+        return 0
+
+    def reset_peak_rss(self) -> bool:
+        """Reset VmHWM to the current RSS (Linux clear_refs "5"); False when refused."""
+        try:
+            Path(f"/proc/{self.pid}/clear_refs").write_text("5")
+        except OSError:
+            return False
+        return True
+
+    def stop(self, timeout_s: float = 8) -> None:
+        if self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)

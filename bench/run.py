@@ -1,0 +1,472 @@
+"""``make bench``: the same scenarios direct to the simulator and through the gateway.
+
+Run: ``.venv/bin/python -m bench.run [--quick] [--out PATH]``.
+
+One run starts two child processes on 127.0.0.1 — the protocol simulator and
+``mistralrs-gateway serve`` (one uvicorn worker, uvloop + httptools; RS256 and
+HS256 JWT issuers, one tenant policy, admission capacity above the
+concurrency, receipts and metrics on) — and drives both from this process
+with the raw-asyncio client in :mod:`bench.loadgen`, so the load generator
+never shares the gateway's process. Per scenario and target it reports
+requests ok/sent, req/s, TTFT p50/p99 (request sent → first content event),
+stream duration p50, CPU seconds per 1000 requests of the serving process
+(``/proc/<pid>/stat``: the simulator direct, the gateway through it), peak RSS
+(``VmHWM``) and each figure's ratio to direct. Every stream must end with
+``[DONE]``; anything else is counted as an error. Bounded: every loop is
+bounded in count and time, and the children are stopped in ``finally``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jwt
+import orjson
+
+from bench.loadgen import LoadResult, http_post, run_load
+from bench.procs import Child
+from gateway.evidence.samples import SAMPLES
+from gateway.harness import DEMO_SECRET_ENV, SIM_ROUTE, default_policy, new_dev_secret, write_config
+
+ROOT = Path(__file__).resolve().parents[1]
+KEYS = ROOT / "fixtures" / "keys"
+RESULTS = ROOT / "bench" / "results" / "latest.json"
+RS_ISSUER = "https://idp.bench.local"
+HS_ISSUER = "https://dev.gateway.local"
+AUDIENCE = "mistralrs-gateway"
+TENANT = "acme"
+ALIAS = "gemma-4-mm"
+MEDIA_TYPES = {"tiny.png": "image/png", "tiny.wav": "audio/wav", "tiny.mp4": "video/mp4"}
+MEDIA_KIND = {"tiny.png": "image", "tiny.wav": "audio", "tiny.mp4": "video"}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    concurrency: int
+    total: int
+    chunks: int
+    delay_ms: float = 0.0
+    multimodal: bool = False
+
+
+FULL = (
+    Scenario("latency", 1, 200, 16),
+    Scenario("throughput", 64, 2000, 64),
+    Scenario("slow", 512, 512, 20, delay_ms=50),
+    Scenario("multimodal", 8, 400, 16, multimodal=True),
+)
+QUICK = (
+    Scenario("latency", 1, 20, 16),
+    Scenario("throughput", 8, 40, 64),
+    Scenario("slow", 32, 32, 5, delay_ms=50),
+    Scenario("multimodal", 2, 10, 16, multimodal=True),
+)
+
+
+# ------------------------------------------------------------------ setup
+
+
+def _tokens(secret: str) -> list[str]:
+    now = int(time.time())
+    claims = {
+        "aud": AUDIENCE,
+        "iat": now,
+        "exp": now + 1800,
+        "sub": "bench",
+        "tenant": TENANT,
+        "scope": "inference evidence",
+    }
+    rsa_key = (KEYS / "rsa1_private.pem").read_bytes()
+    rs = jwt.encode({**claims, "iss": RS_ISSUER}, rsa_key, algorithm="RS256", headers={"kid": "k1"})
+    hs = jwt.encode({**claims, "iss": HS_ISSUER}, secret, algorithm="HS256")
+    return [rs, hs]
+
+
+def _config(workdir: Path, sim_port: int, capacity: int) -> Path:
+    policy = default_policy(
+        TENANT,
+        limits={
+            "max_output_tokens": 512,
+            "requests_per_minute": 10_000_000,
+            "tokens_per_minute": 1_000_000_000,
+        },
+        admission={"share": 1, "max_permits": capacity, "queue_timeout_s": 10},
+    )
+    issuers = [
+        {
+            "issuer": RS_ISSUER,
+            "audience": AUDIENCE,
+            "algorithms": ["RS256"],
+            "jwks_file": str(KEYS / "jwks.json"),
+        },
+        {
+            "issuer": HS_ISSUER,
+            "audience": AUDIENCE,
+            "algorithms": ["HS256"],
+            "hs256_secret_env": DEMO_SECRET_ENV,
+        },
+    ]
+    return write_config(
+        workdir,
+        upstream_port=sim_port,
+        policies={TENANT: policy},
+        issuers=issuers,
+        admission={"capacity": capacity, "max_queue": capacity},
+        staging={"dir": "var/evidence", "catalog": "var/catalog.sqlite3"},
+        audit={"path": "var/receipts.jsonl"},
+        metrics={"path": "/metrics"},
+    )
+
+
+def _wait_ready(port: int, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError("gateway did not become ready")
+
+
+def _upload_samples(port: int, token: str) -> list[tuple[str, str]]:
+    """Stage the three samples; return (kind, evidence id) in order."""
+    staged = []
+    for name, build in SAMPLES.items():
+        response = httpx.post(
+            f"http://127.0.0.1:{port}/v1/evidence",
+            content=build(),
+            headers={"authorization": f"Bearer {token}", "content-type": MEDIA_TYPES[name]},
+            timeout=10,
+        )
+        if response.status_code != 201:
+            raise RuntimeError(f"evidence upload failed: {response.status_code}")
+        staged.append((MEDIA_KIND[name], response.json()["id"]))
+    return staged
+
+
+# --------------------------------------------------------------- requests
+
+
+def _body(model: str, text: str, media: list[tuple[str, str]]) -> bytes:
+    content: Any = text
+    if media:
+        parts: list[dict[str, Any]] = [
+            {"type": f"{kind}_url", f"{kind}_url": {"url": url}} for kind, url in media
+        ]
+        content = [*parts, {"type": "text", "text": text}]
+    return orjson.dumps(
+        {
+            "model": model,
+            "stream": True,
+            "max_tokens": 128,
+            "messages": [{"role": "user", "content": content}],
+        }
+    )
+
+
+def _payloads(
+    port: int,
+    gateway: bool,
+    directive: str,
+    tokens: list[str],
+    media: list[tuple[str, str]],
+) -> Callable[[int], bytes]:
+    text = f"bench {directive}"
+    model = ALIAS if gateway else SIM_ROUTE
+    body = _body(model, text, media)
+    path = "/v1/chat/completions"
+    if not gateway:
+        request = http_post(port, path, body, {})
+        return lambda _i: request
+    # Alternate the RS256 and HS256 credentials.
+    requests = [http_post(port, path, body, {"authorization": f"Bearer {t}"}) for t in tokens]
+    return lambda i: requests[i % len(requests)]
+
+
+def _direct_media() -> list[tuple[str, str]]:
+    """What the gateway forwards in data-URL mode, for the direct baseline."""
+    out = []
+    for name, build in SAMPLES.items():
+        encoded = base64.b64encode(build()).decode("ascii")
+        out.append((MEDIA_KIND[name], f"data:{MEDIA_TYPES[name]};base64,{encoded}"))
+    return out
+
+
+# ---------------------------------------------------------------- measure
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))
+    return ordered[index]
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value * 1000, 3)
+
+
+def _figures(load: LoadResult, server: Child, sim: Child, cpu: dict[str, float]) -> dict[str, Any]:
+    ok = load.ok
+    sent = sum(1 for r in load.results if r.error != "not sent (time budget)")
+    per_k = 1000 / len(ok) if ok else 0.0
+    return {
+        "sent": sent,
+        "ok": len(ok),
+        "errors": len(load.results) - len(ok),
+        "error_kinds": load.errors(),
+        "wall_s": round(load.wall_s, 3),
+        "rps": round(len(ok) / load.wall_s, 1) if load.wall_s else 0.0,
+        "ttft_p50_ms": _ms(_pct([r.ttft_s for r in ok if r.ttft_s is not None], 0.5)),
+        "ttft_p99_ms": _ms(_pct([r.ttft_s for r in ok if r.ttft_s is not None], 0.99)),
+        "stream_p50_ms": _ms(_pct([r.duration_s for r in ok], 0.5)),
+        "cpu_s_per_1000": round(cpu["server"] * per_k, 4),
+        "peak_rss_mb": round(server.status_kb("VmHWM") / 1024, 1),
+        "sim_cpu_s_per_1000": round(cpu["sim"] * per_k, 4),
+        "client_cpu_s_per_1000": round(cpu["client"] * per_k, 4),
+        "serving_pid": server.pid,
+    }
+
+
+def _measure(
+    scenario: Scenario,
+    server: Child,
+    sim: Child,
+    payload_for: Callable[[int], bytes],
+    warm_for: Callable[[int], bytes],
+    budget_s: float,
+    timeout_s: float,
+) -> dict[str, Any]:
+    run = asyncio.Runner(loop_factory=_loop_factory())
+    with run:
+        # Warm-up (not measured): open every connection on both hops, as in steady state.
+        run.run(
+            run_load(
+                server.port,
+                warm_for,
+                total=scenario.concurrency,
+                concurrency=scenario.concurrency,
+                request_timeout_s=timeout_s,
+                budget_s=budget_s,
+            )
+        )
+        time.sleep(0.3)
+        server.reset_peak_rss()
+        before = {"server": server.cpu_s(), "sim": sim.cpu_s(), "client": time.process_time()}
+        load = run.run(
+            run_load(
+                server.port,
+                payload_for,
+                total=scenario.total,
+                concurrency=scenario.concurrency,
+                request_timeout_s=timeout_s,
+                budget_s=budget_s,
+            )
+        )
+        time.sleep(0.2)  # receipts and metrics land just after the last byte
+        after = {"server": server.cpu_s(), "sim": sim.cpu_s(), "client": time.process_time()}
+    cpu = {k: after[k] - before[k] for k in before}
+    if server is sim:
+        cpu["sim"] = cpu["server"]
+    return _figures(load, server, sim, cpu)
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover
+        return asyncio.new_event_loop
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
+_RATIO_KEYS = (
+    "rps",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "stream_p50_ms",
+    "cpu_s_per_1000",
+    "peak_rss_mb",
+)
+
+
+def _ratios(direct: dict[str, Any], gateway: dict[str, Any]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for key in _RATIO_KEYS:
+        d, g = direct.get(key), gateway.get(key)
+        out[key] = round(g / d, 3) if isinstance(d, int | float) and d and g is not None else None
+    return out
+
+
+def _targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    def check(name: str, scenario: str, figure: str, limit: float, ratio: bool) -> dict[str, Any]:
+        entry = results.get(scenario)
+        value = None
+        if entry is not None:
+            value = (entry["ratio"] if ratio else entry["gateway"]).get(figure)
+        return {
+            "target": name,
+            "value": value,
+            "limit": limit,
+            "met": value is not None and value <= limit,
+        }
+
+    targets = [
+        check("latency: gateway CPU s / 1000 req", "latency", "cpu_s_per_1000", 1.0, False),
+        check("throughput: gateway CPU s / 1000 req", "throughput", "cpu_s_per_1000", 2.0, False),
+        check("latency: TTFT p50 x direct", "latency", "ttft_p50_ms", 6.0, True),
+        check("slow: stream p50 x direct", "slow", "stream_p50_ms", 1.05, True),
+        check("slow: TTFT p99 x direct", "slow", "ttft_p99_ms", 3.0, True),
+        check("slow: gateway peak RSS MB", "slow", "peak_rss_mb", 120.0, False),
+    ]
+    slow = results.get("slow")
+    complete = slow is not None and slow["gateway"]["ok"] == slow["params"]["total"]
+    targets.append(
+        {"target": "slow: all streams complete", "value": complete, "limit": True, "met": complete}
+    )
+    errors = sum(e["direct"]["errors"] + e["gateway"]["errors"] for e in results.values())
+    targets.append(
+        {"target": "no errors, every stream [DONE]", "value": errors, "limit": 0, "met": not errors}
+    )
+    return targets
+
+
+# ----------------------------------------------------------------- report
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+    return str(value)
+
+
+def table(report: dict[str, Any]) -> str:
+    rows = [("scenario", "figure", "direct", "gateway", "ratio")]
+    for name, entry in report["scenarios"].items():
+        d, g, r = entry["direct"], entry["gateway"], entry["ratio"]
+        rows.append((name, "ok/sent", f"{d['ok']}/{d['sent']}", f"{g['ok']}/{g['sent']}", ""))
+        for key, label in (
+            ("rps", "req/s"),
+            ("ttft_p50_ms", "TTFT p50 ms"),
+            ("ttft_p99_ms", "TTFT p99 ms"),
+            ("stream_p50_ms", "stream p50 ms"),
+            ("cpu_s_per_1000", "CPU s/1000 req (*)"),
+            ("peak_rss_mb", "peak RSS MB (*)"),
+        ):
+            rows.append(("", label, _fmt(d[key]), _fmt(g[key]), _fmt(r[key])))
+        rows.append(("", "errors", str(d["errors"]), str(g["errors"]), ""))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append("(*) direct: the simulator process; gateway: the gateway process alone")
+    lines.append("")
+    for t in report["targets"]:
+        mark = "ok  " if t["met"] else "MISS"
+        lines.append(f"[{mark}] {t['target']}: {_fmt(t['value'])} (limit {_fmt(t['limit'])})")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------- main
+
+
+def run(quick: bool, out: Path) -> dict[str, Any]:
+    scenarios = QUICK if quick else FULL
+    budget_s, timeout_s = (15.0, 10.0) if quick else (60.0, 30.0)
+    capacity = max(s.concurrency * 8 for s in scenarios) + 64
+    workdir = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
+    secret = new_dev_secret()
+    env = {**os.environ, DEMO_SECRET_ENV: secret, "PYTHONUNBUFFERED": "1"}
+    started = time.monotonic()
+    children: list[Child] = []
+    try:
+        sim = Child(
+            "simulator",
+            [sys.executable, "-m", "gateway.simulator", "--port", "0", "--model-id", SIM_ROUTE],
+            workdir,
+            env,
+        )
+        children.append(sim)
+        sim.wait_listening()
+        config = _config(workdir, sim.port, capacity)
+        script = Path(sys.executable).parent / "mistralrs-gateway"
+        command = [str(script)] if script.exists() else [sys.executable, "-m", "gateway.cli"]
+        gw = Child("gateway", [*command, "serve", "--config", str(config), "--port", "0"], workdir, env)
+        children.append(gw)
+        gw.wait_listening()
+        _wait_ready(gw.port)
+        tokens = _tokens(secret)
+        staged = _upload_samples(gw.port, tokens[0])
+        results: dict[str, Any] = {}
+        for scenario in scenarios:
+            directive = f"[[sim chunks={scenario.chunks} delay_ms={scenario.delay_ms:g}]]"
+            warm = "[[sim chunks=2 delay_ms=50]]"
+            entry: dict[str, Any] = {"params": scenario.__dict__.copy()}
+            for target, server in (("direct", sim), ("gateway", gw)):
+                via = server is gw
+                media: list[tuple[str, str]] = []
+                if scenario.multimodal:
+                    media = [(k, f"evidence:{i}") for k, i in staged] if via else _direct_media()
+                entry[target] = _measure(
+                    scenario,
+                    server,
+                    sim,
+                    _payloads(server.port, via, directive, tokens, media),
+                    _payloads(server.port, via, warm, tokens, media),
+                    budget_s,
+                    timeout_s,
+                )
+            entry["ratio"] = _ratios(entry["direct"], entry["gateway"])
+            results[scenario.name] = entry
+        gateway_log_lines = gw.stderr_path.read_bytes().count(b"\n")
+    finally:
+        for child in reversed(children):
+            child.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    report = {
+        "version": 1,
+        "quick": quick,
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "elapsed_s": round(time.monotonic() - started, 1),
+        "gateway_log_lines": gateway_log_lines,
+        "scenarios": results,
+        "targets": _targets(results),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="tiny counts (smoke test)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON")
+    args = parser.parse_args(argv)
+    report = run(args.quick, args.out)
+    print(table(report))
+    print()
+    print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+    print(f"\nJSON written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

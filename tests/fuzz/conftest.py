@@ -1,0 +1,16 @@
+"""Fuzz suites: a small budget in every run, a long one with ``make fuzz``.
+
+Every test under this folder carries the ``fuzz`` marker, registered here
+(``pyproject.toml`` stays untouched). ``GATEWAY_FUZZ`` scales the number of
+examples: unset → the CI budget, ``long`` → ×40, an integer N → ×N.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "fuzz: hypothesis fuzzing; GATEWAY_FUZZ=long (make fuzz) scales the budget"
+    )
