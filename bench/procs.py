@@ -62,10 +62,10 @@ class Child:
             return False
         return True
 
-    def stop(self, timeout_s: float = 8) -> None:
+    def stop(self, timeout_s: float = 8, sig: int = signal.SIGTERM) -> None:
         if self.proc.poll() is not None:
             return
-        self.proc.send_signal(signal.SIGTERM)
+        self.proc.send_signal(sig)
         try:
             self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:

@@ -23,6 +23,7 @@ import asyncio
 import base64
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -124,6 +125,7 @@ def _config(workdir: Path, sim_port: int, capacity: int) -> Path:
         upstream_port=sim_port,
         policies={TENANT: policy},
         issuers=issuers,
+        upstream={"readiness_poll_s": 2, "readiness_timeout_s": 2},  # the deployed defaults
         admission={"capacity": capacity, "max_queue": capacity},
         staging={"dir": "var/evidence", "catalog": "var/catalog.sqlite3"},
         audit={"path": "var/receipts.jsonl"},
@@ -387,8 +389,22 @@ def table(report: dict[str, Any]) -> str:
 # ------------------------------------------------------------------- main
 
 
-def run(quick: bool, out: Path) -> dict[str, Any]:
-    scenarios = QUICK if quick else FULL
+def _start_profiler(directory: Path | None, pid: int, name: str) -> Child | None:
+    """py-spy on the gateway PID for one scenario (``--profile``; developer aid)."""
+    spy = Path(sys.executable).parent / "py-spy"
+    if directory is None or not spy.exists():
+        return None
+    directory.mkdir(parents=True, exist_ok=True)
+    argv = [str(spy), "record", "--nonblocking", "-r", "200", "-f", "raw", "-p", str(pid)]
+    child = Child(f"py-spy-{name}", [*argv, "-o", str(directory / f"{name}.txt")], directory, {})
+    time.sleep(0.5)
+    return child
+
+
+def run(
+    quick: bool, out: Path, only: list[str] | None = None, profile: Path | None = None
+) -> dict[str, Any]:
+    scenarios = tuple(s for s in (QUICK if quick else FULL) if not only or s.name in only)
     budget_s, timeout_s = (15.0, 10.0) if quick else (60.0, 30.0)
     capacity = max(s.concurrency * 8 for s in scenarios) + 64
     workdir = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
@@ -408,7 +424,9 @@ def run(quick: bool, out: Path) -> dict[str, Any]:
         config = _config(workdir, sim.port, capacity)
         script = Path(sys.executable).parent / "mistralrs-gateway"
         command = [str(script)] if script.exists() else [sys.executable, "-m", "gateway.cli"]
-        gw = Child("gateway", [*command, "serve", "--config", str(config), "--port", "0"], workdir, env)
+        gw = Child(
+            "gateway", [*command, "serve", "--config", str(config), "--port", "0"], workdir, env
+        )
         children.append(gw)
         gw.wait_listening()
         _wait_ready(gw.port)
@@ -421,6 +439,7 @@ def run(quick: bool, out: Path) -> dict[str, Any]:
             entry: dict[str, Any] = {"params": scenario.__dict__.copy()}
             for target, server in (("direct", sim), ("gateway", gw)):
                 via = server is gw
+                spy = _start_profiler(profile, gw.pid, scenario.name) if via else None
                 media: list[tuple[str, str]] = []
                 if scenario.multimodal:
                     media = [(k, f"evidence:{i}") for k, i in staged] if via else _direct_media()
@@ -433,6 +452,8 @@ def run(quick: bool, out: Path) -> dict[str, Any]:
                     budget_s,
                     timeout_s,
                 )
+                if spy is not None:
+                    spy.stop(sig=signal.SIGINT)  # py-spy writes its output on SIGINT
             entry["ratio"] = _ratios(entry["direct"], entry["gateway"])
             results[scenario.name] = entry
         gateway_log_lines = gw.stderr_path.read_bytes().count(b"\n")
@@ -459,8 +480,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="tiny counts (smoke test)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON")
+    parser.add_argument("--only", action="append", help="run only this scenario (repeatable)")
+    parser.add_argument("--profile", type=Path, help="py-spy the gateway into this folder")
     args = parser.parse_args(argv)
-    report = run(args.quick, args.out)
+    report = run(args.quick, args.out, args.only, args.profile)
     print(table(report))
     print()
     print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())

@@ -23,6 +23,8 @@ from typing import Any
 import anyio.to_thread
 import orjson
 
+_LINGER_S = 0.005
+
 
 @dataclass(slots=True)
 class Usage:
@@ -97,6 +99,10 @@ class ReceiptWriter:
     async def _run(self) -> None:
         while True:
             await self._wakeup.wait()
+            if not self._closed:
+                # Linger briefly so a busy gateway pays one thread hop and one
+                # fsync per batch, not per receipt (profile: ~15% of CPU at C=1).
+                await asyncio.sleep(_LINGER_S)
             self._wakeup.clear()
             batch, self._pending = self._pending, []
             if batch:

@@ -424,7 +424,9 @@ def render(
         out = dumps(body)
     except (TypeError, ValueError) as exc:
         # Values JSON cannot carry on the wire (lone surrogates, integers past 64 bits).
-        raise _bad("invalid_request", "The request contains values that cannot be encoded.") from exc
+        raise _bad(
+            "invalid_request", "The request contains values that cannot be encoded."
+        ) from exc
     if len(out) > max_request_bytes:
         raise _bad("media_limit_exceeded", "The request would exceed the worker's body limit.")
     return out

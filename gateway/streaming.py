@@ -137,8 +137,16 @@ class Relay:
                     state.hasher.update(raw)
                     state.bytes_received += len(raw)
                     validator.receive_data(raw)
-                    out = self._drain_events()
-                    if out is None:
+                    out: list[bytes] = []
+                    try:
+                        completed = self._drain_events(out)
+                    except GatewayError:
+                        # Events validated before the bad one still reach the caller,
+                        # however the worker's bytes were split into reads.
+                        if send is not None and out:
+                            await self._send_body(send, out)
+                        raise
+                    if not completed:
                         continue
                     deadline.reschedule(min(loop.time() + self.timeouts.idle_s, total_deadline))
                     if send is not None and out:
@@ -152,22 +160,21 @@ class Relay:
             # The worker's connection broke (reset, truncated chunked body).
             raise GatewayError("upstream_unavailable") from exc
 
-    def _drain_events(self) -> list[bytes] | None:
-        """Frames for every event now available; None when no event completed."""
-        out: list[bytes] | None = None
+    def _drain_events(self, out: list[bytes]) -> bool:
+        """Append the frames for every event now available; False when none completed."""
+        completed = False
         validator = self.validator
         while True:
             event = validator.next_event()
             if event is NEED_DATA:
-                return out
-            if out is None:
-                out = []
+                return completed
+            completed = True
             if isinstance(event, Chunk):
                 out.append(self._chunk_frame(event))
             elif isinstance(event, KeepAlive):
                 out.append(KEEPALIVE_FRAME)
             elif isinstance(event, Done):  # pragma: no cover - Done only follows EOF
-                return out
+                return completed
 
     def _chunk_frame(self, chunk: Chunk) -> bytes:
         state = self.state

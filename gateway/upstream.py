@@ -1,4 +1,4 @@
-"""The only place that talks to the worker over HTTP (httpx).
+"""The only place that talks to the worker over HTTP.
 
 :class:`Upstream` sends a rewritten inference body and returns an open
 :class:`UpstreamStream` once the worker's response head has been checked, or
@@ -6,37 +6,73 @@ raises a :class:`GatewayError` classified per spec §12 ("before the first
 byte"). It also serves the readiness poll. Only a fixed set of headers is ever
 sent: the caller's credentials and hop-by-hop headers never leave the
 gateway, redirects are never followed and no content decoding is accepted.
+
+Inference streams go through :mod:`gateway.upstream_wire` (raw asyncio +
+httptools, a kept-alive pool): the profile showed httpx/httpcore spending
+more CPU per request and per chunk than the rest of the gateway together.
+The readiness poll and the model listing use httpx.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import ssl
+from collections.abc import AsyncIterator, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
 
 from gateway.config import UpstreamConfig
 from gateway.errors import GatewayError
+from gateway.upstream_wire import WireConnectError, WireConnection, WireError, WirePool
 
 
 class UpstreamStream:
     """An open worker response whose head passed the checks."""
 
-    def __init__(self, response: httpx.Response) -> None:
-        self.response = response
+    def __init__(self, conn: WireConnection, pool: WirePool) -> None:
+        self._conn: WireConnection | None = conn
+        self._pool = pool
 
     @property
     def closed(self) -> bool:
-        # httpx closes a response itself once its body has been read to the end.
-        return self.response.is_closed
+        # True once the body has been read to its end (or the stream was closed).
+        return self._conn is None
 
     def raw(self) -> AsyncIterator[bytes]:
-        # aiter_raw: de-chunked but undecoded bytes, exactly what the worker sent.
-        return self.response.aiter_raw()
+        """De-chunked but undecoded bytes, exactly what the worker sent."""
+        return self
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
+        conn = self._conn
+        if conn is None:
+            raise StopAsyncIteration
+        while True:
+            data = conn.take()
+            if data is not None:
+                return data
+            if conn.complete:
+                self._release(conn)
+                raise StopAsyncIteration
+            try:
+                await conn.wait_body()
+            except WireError as exc:
+                # The worker's connection broke (reset, truncated chunked body).
+                raise GatewayError("upstream_unavailable") from exc
+
+    def _release(self, conn: WireConnection) -> None:
+        self._conn = None
+        self._pool.release(conn)
 
     async def aclose(self) -> None:
-        await self.response.aclose()
+        conn = self._conn
+        if conn is not None:
+            conn.close()
+            self._release(conn)
 
 
 class Upstream:
@@ -48,52 +84,66 @@ class Upstream:
         client: httpx.AsyncClient | None = None,
     ) -> None:
         self.config = config
+        # The readiness poll and model listing go through httpx; inference
+        # streams through the lean pool below (one exchange per connection).
         self._client = client or httpx.AsyncClient(
             base_url=config.base_url,
-            # Per-read timeouts are the stream pump's job (first event, idle,
-            # total); httpx only bounds connecting and writing.
-            timeout=httpx.Timeout(
-                connect=config.connect_timeout_s,
-                read=None,
-                write=config.connect_timeout_s * 5,
-                pool=config.connect_timeout_s,
-            ),
-            limits=httpx.Limits(
-                max_connections=pool_size,
-                max_keepalive_connections=pool_size,
-                keepalive_expiry=30,
-            ),
+            timeout=httpx.Timeout(config.connect_timeout_s),
+            limits=httpx.Limits(max_connections=4, max_keepalive_connections=2),
             follow_redirects=False,
             trust_env=False,
         )
+        parts = urlsplit(config.base_url)
+        self._tls = parts.scheme == "https"
+        self._host = parts.hostname or "127.0.0.1"
+        self._authority = parts.netloc.encode("ascii")
+        self._pool_size = pool_size
+        self._pool: WirePool | None = None
+        # Per-read timeouts are the stream pump's job (first event, idle,
+        # total); the pool only bounds connecting and writing.
+        self._write_timeout_s = config.connect_timeout_s * 5
+
+    @property
+    def pool(self) -> WirePool:
+        if self._pool is None:  # built on the serving loop, on first use
+            self._pool = WirePool(
+                self._host,
+                self.config.port,
+                max_connections=self._pool_size,
+                connect_timeout_s=self.config.connect_timeout_s,
+                keepalive_expiry_s=30,
+                tls=ssl.create_default_context() if self._tls else None,
+            )
+        return self._pool
 
     async def aclose(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
         await self._client.aclose()
 
     async def open_stream(self, path: str, body: bytes, request_id: str) -> UpstreamStream:
-        request = self._client.build_request(
-            "POST",
-            path,
-            content=body,
-            headers={
-                "content-type": "application/json",
-                "accept": "text/event-stream",
-                "accept-encoding": "identity",
-                "x-request-id": request_id,
-            },
+        head = (
+            b"POST %b HTTP/1.1\r\nhost: %b\r\ncontent-type: application/json\r\n"
+            b"accept: text/event-stream\r\naccept-encoding: identity\r\n"
+            b"x-request-id: %b\r\ncontent-length: %d\r\n\r\n"
+            % (path.encode("ascii"), self._authority, request_id.encode("ascii"), len(body))
         )
+        pool = self.pool
         try:
-            response = await self._client.send(request, stream=True)
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            conn = await pool.acquire()
+        except WireConnectError as exc:
             raise GatewayError("upstream_unavailable", outcome="upstream_error") from exc
-        except httpx.HTTPError as exc:
-            raise GatewayError("upstream_unavailable") from exc
         try:
-            _check_head(response, request_id)
-        except BaseException:
-            await response.aclose()
+            await conn.send(head + body, self._write_timeout_s)
+            await conn.read_head()
+            _check_head(conn.status, conn.header, request_id)
+        except BaseException as exc:
+            conn.close()
+            pool.release(conn)
+            if isinstance(exc, WireError):
+                raise GatewayError("upstream_unavailable") from exc
             raise
-        return UpstreamStream(response)
+        return UpstreamStream(conn, pool)
 
     async def get_models(self, timeout_s: float) -> Any:
         response = await self._client.get(
@@ -108,8 +158,7 @@ class Upstream:
         return orjson.loads(response.content)
 
 
-def _check_head(response: httpx.Response, request_id: str) -> None:
-    status = response.status_code
+def _check_head(status: int, header: Callable[[bytes], bytes | None], request_id: str) -> None:
     if 400 <= status < 500:
         raise GatewayError("upstream_rejected")
     if status >= 500:
@@ -117,14 +166,14 @@ def _check_head(response: httpx.Response, request_id: str) -> None:
     if status != 200:
         # Redirects are never followed: the worker has no reason to send one.
         raise GatewayError("upstream_protocol_error")
-    content_type = response.headers.get("content-type", "")
-    if not content_type.lower().startswith("text/event-stream"):
+    content_type = header(b"content-type") or b""
+    if not content_type.lower().startswith(b"text/event-stream"):
         raise GatewayError("upstream_protocol_error")
-    if response.headers.get("content-encoding", "identity").lower() != "identity":
+    if (header(b"content-encoding") or b"identity").strip().lower() != b"identity":
         raise GatewayError("upstream_protocol_error")
-    echoed = response.headers.get("x-request-id")
+    echoed = header(b"x-request-id")
     # Releases before 0.8.12 send no echo; a different one means a crossed response.
-    if echoed is not None and echoed != request_id:
+    if echoed is not None and echoed.decode("latin-1") != request_id:
         raise GatewayError("upstream_protocol_error")
 
 

@@ -2,7 +2,7 @@
 
 Every test under this folder carries the ``fuzz`` marker, registered here
 (``pyproject.toml`` stays untouched). ``GATEWAY_FUZZ`` scales the number of
-examples: unset → the CI budget, ``long`` → ×40, an integer N → ×N.
+examples: unset → the CI budget, ``long`` → x40, an integer N → xN.
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ CALLER_URLS = [
     "evidence:ev_abc#file:///etc/passwd",
     "evidence:ev_abc\n",
     "evidence:ev_" + "a" * 65,
-    "evidence:ev_ａｂｃ",
+    "evidence:ev_\uff41\uff42\uff43",  # fullwidth letters
     "evidence:http://evil.test",
 ]
 
@@ -172,7 +172,7 @@ def messages(draw: st.DrawFn) -> Any:
     return message
 
 
-FIELD_NAMES = sorted(CHAT_FIELDS | COMPLETION_FIELDS | REFUSED_FIELDS) + ["x", "model "]
+FIELD_NAMES = [*sorted(CHAT_FIELDS | COMPLETION_FIELDS | REFUSED_FIELDS), "x", "model "]
 OPTIONAL_VALUES: dict[str, Any] = {
     "stream": st.one_of(st.booleans(), json_values),
     "stream_options": st.one_of(
@@ -370,3 +370,26 @@ def test_mutated_request_bytes(
 def test_forwarded_body_limit_is_a_clean_refusal(tenant: Tenant, data: st.DataObject) -> None:
     body = {"model": ALIAS, "messages": [{"role": "user", "content": data.draw(odd_text)}]}
     check_pipeline("chat.completions", body, tenant, data, limit=data.draw(st.integers(1, 4096)))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"model": ALIAS, "messages": [{"role": [], "content": "x"}]},
+        {"model": ALIAS, "messages": [{"role": {"a": 1}, "content": "x"}]},
+        {"model": ALIAS, "messages": [{"role": "user", "content": "\ud800"}]},
+        {"model": ALIAS, "messages": [{"role": "user", "content": "x"}], "seed": 2**70},
+    ],
+    ids=["list_role", "dict_role", "lone_surrogate", "int_past_64_bits"],
+)
+def test_regressions_found_by_fuzzing(body: dict[str, Any]) -> None:
+    """Each once escaped as TypeError (a 500); now a clean 400 invalid_request."""
+    tenant = Tenant(
+        "acme",
+        TenantPolicy(tenant="acme", models=dict(ALIASES)),
+        resolve_limits(PolicyLimits(), LimitsConfig()),
+    )
+    with pytest.raises(GatewayError) as info:
+        plan = plan_request("chat.completions", body, tenant, ALIASES)
+        render(plan, [], route=ROUTE, tenant=tenant, max_request_bytes=1 << 20, dumps=orjson.dumps)
+    assert (info.value.status, info.value.code) == (400, "invalid_request")

@@ -1,0 +1,51 @@
+"""Smoke test: ``bench.run --quick`` runs end to end and reports every figure.
+
+No timed assertions: only the JSON shape and zero errors.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = {"latency", "throughput", "slow", "multimodal"}
+FIGURES = {
+    "sent",
+    "ok",
+    "errors",
+    "error_kinds",
+    "rps",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "stream_p50_ms",
+    "cpu_s_per_1000",
+    "peak_rss_mb",
+}
+
+
+def test_quick_bench_reports_every_scenario_without_errors(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--quick", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    assert b"TTFT p50 ms" in done.stdout
+    report = orjson.loads(out.read_bytes())
+    assert report["quick"] is True
+    assert set(report["scenarios"]) == SCENARIOS
+    for name, entry in report["scenarios"].items():
+        for side in ("direct", "gateway"):
+            figures = entry[side]
+            assert set(figures) >= FIGURES, (name, side)
+            assert figures["errors"] == 0, (name, side, figures["error_kinds"])
+            assert figures["ok"] == figures["sent"] == entry["params"]["total"]
+        assert set(entry["ratio"]) >= {"rps", "ttft_p50_ms", "cpu_s_per_1000"}
+    assert {t["target"] for t in report["targets"]}
