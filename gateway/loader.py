@@ -42,6 +42,12 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict
     seen: set[Any] = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node)
+        try:
+            hash(key)
+        except TypeError:
+            raise yaml.constructor.ConstructorError(
+                None, None, "found an unhashable mapping key", key_node.start_mark
+            ) from None
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r}", key_node.start_mark
@@ -74,6 +80,12 @@ def parse_yaml(text: str, origin: str) -> dict[str, Any]:
         where = f" (line {mark.line + 1})" if mark is not None else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise ConfigError([f"{origin}: {problem}{where}"]) from exc
+    except (ValueError, TypeError, AttributeError, IndexError, KeyError, OverflowError) as exc:
+        # PyYAML constructors fail this way on scalars they cannot build
+        # (2001-13-45, `!!timestamp nope`, an unhashable key in a set...).
+        raise ConfigError([f"{origin}: invalid YAML value"]) from exc
+    except RecursionError as exc:
+        raise ConfigError([f"{origin}: YAML nested too deeply"]) from exc
     if not isinstance(data, dict):
         raise ConfigError([f"{origin}: must be a YAML mapping"])
     return data

@@ -1,0 +1,528 @@
+"""Chaos soak: many concurrent requests through the real stack while things go wrong.
+
+Hundreds of streaming and non-streaming requests at high concurrency, with
+seeded random caller disconnects (mid-body before admission, while queued
+behind a small ``admission.capacity``, before the first token, mid-stream),
+worker faults, a worker outage (connection refused, then a restarted
+simulator on the same port) and evidence uploads raced by deletes.
+
+Afterwards (spec §1.3, §1.4, §1.5): permits and leases are back to 0; every
+inference request id has exactly one receipt whose outcome matches what the
+caller observed; no failed stream carried ``[DONE]``; open descriptors, the
+gateway loop's task count and RSS are back near their baseline; staged files
+whose records were all deleted are gone.
+
+``GATEWAY_SOAK=long`` (``make soak``) runs more rounds of more requests; the
+default fits CI. Figures are printed (see them with ``-s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import json
+import os
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gateway.evidence.samples import SAMPLES
+from gateway.harness import SIM_ROUTE
+from gateway.simulator import Simulator
+from tests.support.stack import Stack, running_stack, sse_data
+
+LONG = os.environ.get("GATEWAY_SOAK", "").lower() == "long"
+SEED = int(os.environ.get("GATEWAY_SOAK_SEED", "20240807"))
+ROUNDS = 6 if LONG else 3
+PER_ROUND = 800 if LONG else 200
+CONCURRENCY = 64 if LONG else 40
+CAPACITY = 8  # small: most of CONCURRENCY waits in the admission queue
+PNG = SAMPLES["tiny.png"]()
+
+UPSTREAM = {
+    "first_event_timeout_s": 2,
+    "idle_timeout_s": 0.6,
+    "total_timeout_s": 10,
+    "max_line_bytes": 65_536,
+    "readiness_poll_s": 0.1,
+    "readiness_timeout_s": 0.5,
+}
+ACME = {
+    "limits": {"max_output_tokens": 512, "requests_per_minute": 1_000_000},
+    "admission": {"share": 1, "max_permits": CAPACITY, "queue_timeout_s": 30},
+}
+
+# Worker faults sampled in the soak, and what the worker does for them.
+FAULTS = [
+    "close_mid",
+    "missing_done",
+    "error_json",
+    "error_first",
+    "id_change",
+    "usage_early",
+    "after_done",
+    "invalid_utf8",
+    "hang_mid",
+    "json_body",
+    "wrong_content_type",
+    "gzip",
+    "redirect",
+    "huge_headers",
+    "endless_line",
+    "wrong_request_id",
+    "status=500",
+    "status=422",
+    "finish=canceled",
+]
+# caller-visible code → receipt outcomes it may come with (spec §6, §12)
+OUTCOMES: dict[str | None, set[str]] = {
+    None: {"complete", "length"},
+    "upstream_error": {"upstream_error", "canceled"},
+    "upstream_rejected": {"upstream_error"},
+    "upstream_protocol_error": {"protocol_error"},
+    "upstream_timeout": {"incomplete"},
+    "upstream_unavailable": {"incomplete", "upstream_error"},
+    "upstream_not_ready": {"rejected"},
+    "evidence_not_found": {"rejected"},
+    "admission_timeout": {"rejected"},
+    "queue_full": {"rejected"},
+}
+KINDS = {
+    "stream_ok": 26,
+    "json_ok": 14,
+    "completion_ok": 6,
+    "fault": 18,
+    "disc_body": 6,
+    "disc_queued": 8,
+    "disc_first": 6,
+    "disc_mid": 8,
+    "evidence": 8,
+}
+
+
+@dataclass
+class Outcome:
+    rid: str
+    kind: str
+    started: float
+    ended: float = 0.0
+    status: int | None = None
+    code: str | None = None  # caller-visible error code; None for a success
+    disconnected: bool = False  # we hung up before the response ended
+    done_seen: bool = False
+
+
+@dataclass
+class Soak:
+    stack: Stack
+    rng: random.Random
+    token: str
+    outcomes: list[Outcome] = field(default_factory=list)
+    outages: list[tuple[float, float]] = field(default_factory=list)
+    uploads: int = 0
+    deletes: int = 0
+    max_queue: float = 0.0
+    max_active: int = 0
+    serial: int = 0
+
+    def next_rid(self, kind: str) -> str:
+        self.serial += 1
+        return f"soak-{self.serial:05d}-{kind}"
+
+
+# ------------------------------------------------------------------ probes
+
+
+def fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def upstream_sockets(port: int) -> int:
+    """Open TCP sockets (established or close-wait) on either end of the worker port.
+
+    The gateway's upstream pool keeps idle connections by design (and both
+    ends live in this process); they are subtracted from the descriptor count.
+    """
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split()
+            local, remote, state = parts[1], parts[2], parts[3]
+            ports = {int(local.rsplit(":", 1)[1], 16), int(remote.rsplit(":", 1)[1], 16)}
+            if port in ports and state in ("01", "08"):
+                count += 1
+    return count
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def gateway_tasks(stack: Stack) -> int:
+    loop = stack.gw.server.server.servers[0].get_loop()
+
+    async def count() -> int:
+        return len(asyncio.all_tasks())
+
+    return asyncio.run_coroutine_threadsafe(count(), loop).result(5)
+
+
+def poll(predicate: Any, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return bool(predicate())
+
+
+# ------------------------------------------------------------------ callers
+
+
+def chat(text: str, *, stream: bool, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": "gemma-4-mm",
+        "messages": [{"role": "user", "content": text}],
+        "stream": stream,
+    }
+    body.update(extra)
+    return body
+
+
+def observe(out: Outcome, response: httpx.Response, stream: bool) -> None:
+    out.status = response.status_code
+    if response.status_code != 200:
+        out.code = response.json()["error"]["code"]
+        return
+    if not stream:
+        assert response.json()["object"] in ("chat.completion", "text_completion")
+        return
+    data = sse_data(response.text)
+    out.done_seen = "[DONE]" in data
+    if data and data[-1] == "[DONE]":
+        assert data.count("[DONE]") == 1
+        assert all("error" not in json.loads(d) for d in data[:-1])
+        return
+    assert not out.done_seen, "a failed stream never carries [DONE]"
+    out.code = json.loads(data[-1])["error"]["code"]
+
+
+async def plain(soak: Soak, client: httpx.AsyncClient, kind: str) -> Outcome:
+    rng = soak.rng
+    out = Outcome(soak.next_rid(kind), kind, time.monotonic())
+    stream = rng.random() < 0.6 if kind != "stream_ok" else True
+    path = "/v1/chat/completions"
+    if kind == "fault":
+        fault = rng.choice(FAULTS)
+        directive = fault if "=" in fault else f"fault={fault}"
+        body = chat(f"go [[sim {directive} chunks=6]]", stream=stream)
+    elif kind == "completion_ok":
+        path = "/v1/completions"
+        chunks = rng.randint(1, 12)
+        body = {"model": "gemma-4-mm", "prompt": f"p [[sim chunks={chunks}]]", "stream": stream}
+    else:
+        chunks, delay = rng.randint(1, 24), rng.choice([0, 0, 1, 3])
+        body = chat(f"hi [[sim chunks={chunks} delay_ms={delay}]]", stream=stream)
+        if kind == "json_ok":
+            stream = body["stream"] = False
+    response = await client.post(path, json=body, headers={"x-request-id": out.rid})
+    observe(out, response, stream)
+    out.ended = time.monotonic()
+    return out
+
+
+async def evidence_race(soak: Soak, client: httpx.AsyncClient) -> Outcome:
+    """Upload, then use the record while a delete races the request."""
+    rng = soak.rng
+    out = Outcome(soak.next_rid("evidence"), "evidence", time.monotonic())
+    uploaded = await client.post(
+        "/v1/evidence",
+        content=PNG,
+        headers={"content-type": "image/png", "x-request-id": f"{out.rid}-upload"},
+    )
+    assert uploaded.status_code == 201, uploaded.text
+    soak.uploads += 1
+    evidence_id = uploaded.json()["id"]
+    stream = rng.random() < 0.5
+    body = chat("x", stream=stream)
+    body["messages"][0]["content"] = [
+        {"type": "text", "text": f"look [[sim chunks={rng.randint(1, 10)} delay_ms=2]]"},
+        {"type": "image_url", "image_url": {"url": f"evidence:{evidence_id}"}},
+    ]
+
+    async def delete_later() -> None:
+        await asyncio.sleep(rng.uniform(0, 0.03))
+        deleted = await client.delete(f"/v1/evidence/{evidence_id}")
+        assert deleted.status_code == 204, deleted.text
+        soak.deletes += 1
+
+    deleter = asyncio.create_task(delete_later())
+    response = await client.post(
+        "/v1/chat/completions", json=body, headers={"x-request-id": out.rid}
+    )
+    observe(out, response, stream)
+    await deleter
+    out.ended = time.monotonic()
+    return out
+
+
+async def hang_up(soak: Soak, kind: str) -> Outcome:
+    """A raw HTTP/1.1 caller that goes away at a chosen point."""
+    rng = soak.rng
+    out = Outcome(soak.next_rid(kind), kind, time.monotonic(), disconnected=True)
+    directive = {
+        "disc_body": "chunks=4",
+        "disc_queued": "chunks=200 delay_ms=10",
+        "disc_first": "first_delay_ms=1500 chunks=2",
+        "disc_mid": "chunks=200 delay_ms=10",
+    }[kind]
+    # Only a stream shows bytes before its end; the others may be streams or not.
+    stream = kind in ("disc_mid", "disc_first") or rng.random() < 0.7
+    payload = json.dumps(chat(f"[[sim {directive}]]", stream=stream)).encode()
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n"
+        f"authorization: Bearer {soak.token}\r\ncontent-type: application/json\r\n"
+        f"x-request-id: {out.rid}\r\ncontent-length: {len(payload)}\r\n\r\n"
+    ).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", soak.stack.gw.server.port)
+    try:
+        if kind == "disc_body":
+            writer.write(head + payload[: len(payload) // 2])
+            await writer.drain()
+            await asyncio.sleep(rng.uniform(0, 0.05))
+        elif kind == "disc_mid":
+            writer.write(head + payload)
+            await writer.drain()
+            seen = b""
+            async with asyncio.timeout(10):
+                while b"data: {" not in seen and b'"error"' not in seen and len(seen) < 65_536:
+                    piece = await reader.read(4096)
+                    if not piece:
+                        break
+                    seen += piece
+        else:
+            writer.write(head + payload)
+            await writer.drain()
+            await asyncio.sleep(rng.uniform(0.0, 0.15))
+    finally:
+        if rng.random() < 0.5:
+            writer.transport.abort()  # RST
+        else:
+            writer.close()  # FIN
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+    out.ended = time.monotonic()
+    return out
+
+
+async def outage(soak: Soak, at_s: float) -> None:
+    """Stop the worker (connection refused), then start a new one on the same port."""
+    await asyncio.sleep(at_s)
+    stack = soak.stack
+    port = stack.sim.port
+    started = time.monotonic()
+    await asyncio.to_thread(stack.sim.stop)
+    await asyncio.sleep(soak.rng.uniform(0.2, 0.4))
+    sim = Simulator(port=port, model_id=SIM_ROUTE)
+    await asyncio.to_thread(sim.start)
+    stack.sim = sim
+    deadline = time.monotonic() + 5
+    while not stack.runtime.accepting() and time.monotonic() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.02)  # readiness lives on the gateway's loop: poll, bounded
+    soak.outages.append((started, time.monotonic()))
+
+
+async def sample_queue(soak: Soak, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        soak.max_queue = max(soak.max_queue, soak.stack.metric("gateway_admission_queue_depth"))
+        soak.max_active = max(soak.max_active, soak.stack.sim.active_streams)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.02)
+
+
+async def run_round(soak: Soak, count: int, *, with_outage: bool) -> list[Outcome]:
+    gate = asyncio.Semaphore(CONCURRENCY)
+    kinds = soak.rng.choices(list(KINDS), weights=list(KINDS.values()), k=count)
+    limits = httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY)
+    headers = {"authorization": f"Bearer {soak.token}"}
+    async with httpx.AsyncClient(
+        base_url=soak.stack.url, headers=headers, limits=limits, timeout=30
+    ) as client:
+
+        async def one(kind: str) -> Outcome:
+            async with gate:
+                if kind.startswith("disc_"):
+                    return await hang_up(soak, kind)
+                if kind == "evidence":
+                    return await evidence_race(soak, client)
+                return await plain(soak, client, kind)
+
+        stop = asyncio.Event()
+        sampler = asyncio.create_task(sample_queue(soak, stop))
+        side = [asyncio.create_task(outage(soak, 0.6))] if with_outage else []
+        async with asyncio.timeout(120):
+            results = await asyncio.gather(*(one(k) for k in kinds))
+            await asyncio.gather(*side)
+        stop.set()
+        await sampler
+    return list(results)
+
+
+# ------------------------------------------------------------------ checks
+
+
+def overlaps(out: Outcome, outages: list[tuple[float, float]]) -> bool:
+    return any(out.started <= end and start <= out.ended for start, end in outages)
+
+
+# A request that should have succeeded but failed with this code, outside an
+# outage, is "collateral". The only kind tolerated is the known upstream pool
+# bug (a closed worker connection handed out again; see
+# tests/integration/test_hostile.py::test_refused_worker_head_does_not_poison_the_pool):
+# counted and printed, never silently. Any other collateral failure fails the soak.
+KNOWN_COLLATERAL = "upstream_unavailable"
+SHOULD_SUCCEED = {"stream_ok", "json_ok", "completion_ok"}
+
+
+def check_receipts(soak: Soak, outcomes: list[Outcome]) -> tuple[Counter[str], int]:
+    stack = soak.stack
+    ids = {o.rid for o in outcomes}
+
+    def all_written() -> bool:
+        return ids <= {r["request_id"] for r in stack.receipts()}
+
+    assert poll(all_written, 10), "every inference request leaves a receipt"
+    receipts: dict[str, list[dict[str, Any]]] = {}
+    for receipt in stack.receipts():
+        receipts.setdefault(receipt["request_id"], []).append(receipt)
+    tally: Counter[str] = Counter()
+    collateral = 0
+    for out in outcomes:
+        [receipt] = receipts[out.rid]  # exactly one
+        outcome, code = receipt["outcome"], receipt["error_code"]
+        tally[outcome] += 1
+        in_outage = overlaps(out, soak.outages)
+        if out.disconnected:
+            allowed = {"canceled"}
+            if in_outage:  # the outage may have ended it first
+                allowed |= {"incomplete", "upstream_error", "rejected"}
+            elif code == KNOWN_COLLATERAL:
+                collateral += 1
+                allowed.add(outcome)
+            assert outcome in allowed, (out, receipt)
+            continue
+        assert outcome in OUTCOMES[out.code], (out, receipt)
+        assert code == out.code, (out, receipt)
+        if out.kind in SHOULD_SUCCEED and out.code is not None and not in_outage:
+            assert out.code == KNOWN_COLLATERAL, (out, receipt)
+            collateral += 1
+    assert set(receipts) == ids, "no receipt without a request"
+    return tally, collateral
+
+
+@dataclass
+class Levels:
+    fds: int
+    upstream: int
+    tasks: int
+    rss: float
+
+    @property
+    def own_fds(self) -> int:
+        return self.fds - self.upstream
+
+
+def levels(stack: Stack) -> Levels:
+    gc.collect()
+    return Levels(fd_count(), upstream_sockets(stack.sim.port), gateway_tasks(stack), rss_mb())
+
+
+def settle(stack: Stack, base: Levels, fd_slack: int, task_slack: int) -> Levels:
+    """Levels once the stack is idle again (bounded wait)."""
+    now = levels(stack)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (
+        now.own_fds > base.own_fds + fd_slack or now.tasks > base.tasks + task_slack
+    ):
+        time.sleep(0.05)
+        now = levels(stack)
+    return now
+
+
+def warm_up(soak: Soak) -> None:
+    """Fill pools and caches so the baseline is a steady state, not a cold start."""
+    soak.outcomes.extend(asyncio.run(run_round(soak, 2 * CONCURRENCY, with_outage=False)))
+
+
+def test_chaos_soak(tmp_path: Path) -> None:
+    started = time.monotonic()
+    with running_stack(
+        tmp_path,
+        acme=ACME,
+        upstream=UPSTREAM,
+        admission={"capacity": CAPACITY, "max_queue": 4 * CONCURRENCY},
+    ) as stack:
+        first_sim = stack.sim
+        soak = Soak(stack, random.Random(SEED), stack.rs256())
+        try:
+            warm_up(soak)
+            base = levels(stack)
+            rss_after_round: list[float] = []
+            for number in range(ROUNDS):
+                results = asyncio.run(run_round(soak, PER_ROUND, with_outage=number % 2 == 0))
+                soak.outcomes.extend(results)
+                check = settle(stack, base, fd_slack=6, task_slack=2)
+                rss_after_round.append(check.rss)
+            final = settle(stack, base, fd_slack=6, task_slack=2)
+            tally, collateral = check_receipts(soak, soak.outcomes)
+            permits = stack.metric("gateway_permits_in_use")
+            leases = stack.metric("gateway_evidence_leases_active")
+            staged = sorted(p.name for p in (tmp_path / "var" / "evidence").glob("*.png"))
+        finally:
+            if stack.sim is not first_sim:
+                stack.sim.stop()
+
+    kinds = Counter(o.kind for o in soak.outcomes)
+    total = len(soak.outcomes)
+    disconnects = sum(kinds[k] for k in KINDS if k.startswith("disc_"))
+    failed = [o for o in soak.outcomes if o.code is not None]
+    growth = rss_after_round[-1] - rss_after_round[0]
+    by_point = {k: kinds[k] for k in KINDS if k.startswith("disc_")}
+    print(
+        f"\nsoak ({'long' if LONG else 'short'}, seed {SEED}): {total} inference requests "
+        f"in {ROUNDS} rounds, concurrency {CONCURRENCY}, capacity {CAPACITY}, "
+        f"max queue depth {soak.max_queue:.0f}, max worker streams {soak.max_active}\n"
+        f"  disconnect rate {disconnects / total:.1%} {by_point}\n"
+        f"  worker fault rate {kinds['fault'] / total:.1%}, outages {len(soak.outages)}, "
+        f"caller-visible failures {len(failed)} (collateral, known pool bug: {collateral})\n"
+        f"  evidence uploads {soak.uploads}, deletes {soak.deletes}\n"
+        f"  receipt outcomes {dict(tally)}\n"
+        f"  permits {permits:.0f}, leases {leases:.0f}, staged files left {len(staged)}\n"
+        f"  fds {base.own_fds}->{final.own_fds} "
+        f"(+{base.upstream}/{final.upstream} pooled upstream), "
+        f"gateway tasks {base.tasks}->{final.tasks}, "
+        f"RSS {base.rss:.1f}->{final.rss:.1f} MB (round-to-round {growth:+.1f} MB)\n"
+        f"  wall time {time.monotonic() - started:.1f} s"
+    )
+    assert permits == 0
+    assert leases == 0
+    assert staged == [], "a file whose records were all deleted is removed"
+    assert final.own_fds <= base.own_fds + 6, "descriptors leaked"
+    assert final.tasks <= base.tasks + 2, "gateway tasks leaked"
+    assert final.rss <= base.rss + 64, "memory not back near baseline"
+    assert growth <= 24, "memory grows round over round"
+    assert soak.max_queue > 0, "requests did queue for admission"
+    assert soak.outages and kinds["fault"] and disconnects
