@@ -193,6 +193,8 @@ class WireConnection(asyncio.Protocol):
             self.transport.close()
 
     def close(self) -> None:
+        # connection_lost comes a loop iteration later; until then it must not look reusable.
+        self.keep_alive = False
         self._close()
 
 

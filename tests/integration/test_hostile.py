@@ -39,16 +39,6 @@ def _body(directive: str) -> bytes:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=GatewayError,
-    reason=(
-        "gateway/upstream_wire.py WirePool.release/WireConnection.reusable: a connection "
-        "the gateway has just close()d is still 'reusable' (closed is only set in "
-        "connection_lost, a loop iteration later) and goes back to the idle pool; the "
-        "next open_stream reuses the closing transport and fails upstream_unavailable"
-    ),
-)
 async def test_refused_worker_head_does_not_poison_the_pool(sim: Simulator) -> None:
     """A redirect is never followed, and the next request on the pool still works."""
     upstream = Upstream(UpstreamConfig(base_url=sim.base_url, route=SIM_ROUTE), pool_size=4)
