@@ -6,8 +6,8 @@ request/response wrappers would hide ``http.disconnect``); they share these.
 
 from __future__ import annotations
 
+import os
 import re
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -48,7 +48,7 @@ def request_id_from(scope: Scope) -> str:
         candidate: str = values[0].decode("latin-1")
         if _REQUEST_ID.fullmatch(candidate):
             return candidate
-    return "req_" + uuid.uuid4().hex
+    return "req_" + os.urandom(16).hex()
 
 
 def info_of(scope: Scope) -> RequestInfo:

@@ -60,3 +60,10 @@ def setup_logging(level: str) -> None:
     # a second line per request); its warnings and errors still come through.
     for name in ("httpx", "httpcore"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # The formatter reads none of these, and collecting them (a stack walk for
+    # the caller, thread and process lookups) was most of the cost of the
+    # access line in the profile. Logging HOWTO, "Optimization".
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False

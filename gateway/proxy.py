@@ -16,8 +16,8 @@ import base64
 import contextlib
 import hashlib
 import math
+import os
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -71,7 +71,8 @@ class _Held:
     reservation: Reservation | None = None
     leased: bool = False
     # Callers choose x-request-id (and may repeat it); leases need a key of our own.
-    lease_key: str = field(default_factory=lambda: "lease_" + uuid.uuid4().hex)
+    # Made only when the request has media (most have none).
+    lease_key: str = ""
     #: evidence staged from this request's inline data: forgotten when it ends
     staged: list[tuple[Tenant, str]] = field(default_factory=list)
     relay: Relay | None = None
@@ -91,7 +92,7 @@ class InferenceEndpoint:
         try:
             principal = await rt.auth.authenticate(authorization_values(scope), policies)
         except GatewayError as exc:
-            rt.metrics.rejections.labels(info.tenant, exc.code).inc()
+            rt.metrics.child(rt.metrics.rejections, info.tenant, exc.code).inc()
             await send_error(send, exc, info)
             return
         tenant = policies.tenants[principal.tenant]
@@ -108,10 +109,21 @@ class InferenceEndpoint:
         held = _Held()
         rt.inflight.add(exchange)
         try:
-            await self._serve(rt, scope, receive, send, tenant, principal, receipt, exchange, held)
+            # One cancel scope from the body read on: a disconnect or a drain past
+            # its grace ends the request wherever it is.
+            async with asyncio.timeout(None) as cancel_scope:
+                exchange.scope = cancel_scope
+                await self._serve(
+                    rt, scope, receive, send, tenant, principal, receipt, exchange, held
+                )
+        except TimeoutError:
+            if not cancel_scope.expired():
+                raise
+            if exchange.shutdown and not exchange.disconnected:
+                await self._end_for_shutdown(send, receipt, held, info)
         finally:
-            with anyio.CancelScope(shield=True):
-                await self._finish(rt, info, receipt, exchange, held)
+            exchange.scope = None
+            await self._finish(rt, info, receipt, exchange, held)
 
     async def _serve(
         self,
@@ -153,9 +165,7 @@ class InferenceEndpoint:
 
         watcher = asyncio.create_task(_watch_disconnect(receive, exchange))
         try:
-            with anyio.CancelScope() as cancel_scope:
-                exchange.scope = cancel_scope
-                await self._exchange(rt, send, tenant, plan, receipt, held, info)
+            await self._exchange(rt, send, tenant, plan, receipt, held, info)
         except GatewayError as exc:
             receipt.outcome = exc.outcome
             receipt.error_code = exc.code
@@ -166,8 +176,6 @@ class InferenceEndpoint:
                 info.error_code = exc.code
         finally:
             watcher.cancel()
-        if exchange.shutdown and not exchange.disconnected:
-            await self._end_for_shutdown(send, receipt, held, info)
 
     async def _exchange(
         self,
@@ -272,6 +280,7 @@ class InferenceEndpoint:
             return []
         staging = rt.config.staging
         evidence = rt.evidence
+        held.lease_key = "lease_" + os.urandom(16).hex()
 
         def resolve() -> list[ResolvedMedia]:
             ids: list[str] = []
@@ -340,13 +349,37 @@ class InferenceEndpoint:
         exchange: Exchange,
         held: _Held,
     ) -> None:
+        """Release everything and account for the request.
+
+        All of it is synchronous except giving back evidence leases (SQLite, in
+        a thread), which comes last: a cancellation of the request task (the
+        server's own shutdown) cannot cost a permit, a receipt or a count.
+        """
+        try:
+            self._settle(rt, info, receipt, exchange, held)
+        finally:
+            try:
+                if held.leased or held.staged:
+                    await anyio.to_thread.run_sync(
+                        _release_evidence, rt, held.lease_key, held.staged
+                    )
+                    rt.metrics.leases_active.set(rt.evidence.active_leases())
+            finally:
+                rt.inflight.discard(exchange)
+                exchange.done.set()
+
+    def _settle(
+        self,
+        rt: Runtime,
+        info: RequestInfo,
+        receipt: Receipt,
+        exchange: Exchange,
+        held: _Held,
+    ) -> None:
         relay = held.relay
-        closed_early = await relay.aclose() if relay is not None else False
+        closed_early = relay.close() if relay is not None else False
         if held.permit is not None:
             held.permit.release()
-        if held.leased or held.staged:
-            await anyio.to_thread.run_sync(_release_evidence, rt, held.lease_key, held.staged)
-            rt.metrics.leases_active.set(rt.evidence.active_leases())
         if exchange.disconnected:
             receipt.cancellation.append("caller_disconnected")
             receipt.outcome = "canceled"
@@ -372,18 +405,16 @@ class InferenceEndpoint:
         receipt.duration_ms = round((time.monotonic() - info.started) * 1000, 3)
         info.outcome = receipt.outcome
         rt.receipts.write(receipt)
-        tenant = receipt.tenant
-        rt.metrics.stream_outcomes.labels(tenant, receipt.outcome).inc()
+        metrics, tenant = rt.metrics, receipt.tenant
+        metrics.child(metrics.stream_outcomes, tenant, receipt.outcome).inc()
         if receipt.usage is not None:
             source = receipt.usage.source
-            rt.metrics.tokens.labels(tenant, "prompt", source).inc(receipt.usage.prompt_tokens)
-            rt.metrics.tokens.labels(tenant, "completion", source).inc(
+            metrics.child(metrics.tokens, tenant, "prompt", source).inc(receipt.usage.prompt_tokens)
+            metrics.child(metrics.tokens, tenant, "completion", source).inc(
                 receipt.usage.completion_tokens
             )
         if receipt.error_code is not None:
-            rt.metrics.rejections.labels(tenant, receipt.error_code).inc()
-        rt.inflight.discard(exchange)
-        exchange.done.set()
+            metrics.child(metrics.rejections, tenant, receipt.error_code).inc()
 
 
 def _release_evidence(rt: Runtime, lease_key: str, staged: list[tuple[Tenant, str]]) -> None:

@@ -40,7 +40,8 @@ class Exchange:
     """One in-flight inference request, as seen by drain and disconnect handling."""
 
     request_id: str
-    scope: anyio.CancelScope | None = None
+    #: the request's cancel scope (an asyncio timeout with no deadline until cancel)
+    scope: asyncio.Timeout | None = None
     disconnected: bool = False
     shutdown: bool = False
     done: asyncio.Event = field(default_factory=asyncio.Event)
@@ -50,8 +51,11 @@ class Exchange:
             self.shutdown = True
         else:
             self.disconnected = True
-        if self.scope is not None:
-            self.scope.cancel()
+        scope = self.scope
+        if scope is not None and not scope.expired():
+            # A deadline of "now" cancels the request task, which the scope's
+            # exit turns into a TimeoutError the endpoint expects.
+            scope.reschedule(asyncio.get_running_loop().time())
 
 
 @dataclass(eq=False)

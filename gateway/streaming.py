@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 import orjson
 
+from gateway.deadline import Deadline
 from gateway.errors import GatewayError
 from gateway.sse import NEED_DATA, Chunk, Done, KeepAlive, SSEValidator
 from gateway.upstream import UpstreamStream
@@ -113,12 +114,12 @@ class Relay:
         """Run the pump without a caller stream (non-streaming requests)."""
         await self._pump(open_stream, None)
 
-    async def aclose(self) -> bool:
+    def close(self) -> bool:
         """Close the worker response; True when it was still open (receipt: upstream_closed)."""
         upstream, self.upstream = self.upstream, None
         if upstream is None or upstream.closed:
             return False
-        await upstream.aclose()
+        upstream.close()
         return True
 
     async def _pump(self, open_stream: Opener, send: Send | None) -> None:
@@ -128,7 +129,7 @@ class Relay:
         validator = self.validator
         state = self.state
         try:
-            async with asyncio.timeout_at(
+            async with Deadline(
                 min(start + self.timeouts.first_event_s, total_deadline)
             ) as deadline:
                 # The first-event deadline covers connecting and the response head too.
@@ -148,7 +149,7 @@ class Relay:
                         raise
                     if not completed:
                         continue
-                    deadline.reschedule(min(loop.time() + self.timeouts.idle_s, total_deadline))
+                    deadline.move_to(min(loop.time() + self.timeouts.idle_s, total_deadline))
                     if send is not None and out:
                         await self._send_body(send, out)
                 validator.receive_data(b"")

@@ -68,11 +68,16 @@ class UpstreamStream:
         self._conn = None
         self._pool.release(conn)
 
-    async def aclose(self) -> None:
+    def close(self) -> None:
+        """Drop the connection (the rest of the body is never read); synchronous,
+        so that a request's cleanup has nothing to await."""
         conn = self._conn
         if conn is not None:
             conn.close()
             self._release(conn)
+
+    async def aclose(self) -> None:
+        self.close()
 
 
 class Upstream:

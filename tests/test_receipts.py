@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 
@@ -70,3 +71,39 @@ def test_receipt_holds_no_text_fields() -> None:
     fields = set(_receipt(1).to_json())
     assert not fields & {"prompt", "messages", "content", "text", "authorization"}
     assert {"request_sha256", "stream_sha256", "usage", "outcome", "cancellation"} <= fields
+
+
+def test_to_json_is_every_field_deep_copied() -> None:
+    # to_json is written out by hand for speed; it must still be asdict().
+    receipt = Receipt(
+        request_id="r",
+        tenant="acme",
+        subject="s",
+        endpoint="chat.completions",
+        serve_identity="sha256:" + "a" * 64,
+        model_alias="m",
+        route="/srv/x",
+        request_sha256="b" * 64,
+        request_bytes=10,
+        artifacts=[{"evidence_id": "ev_1", "sha256": "c" * 64, "media_type": "image/png"}],
+        locator_sha256=["d" * 64, None],
+        dropped_parts=[2],
+        max_tokens=5,
+        stream=True,
+        outcome="complete",
+        error_code="upstream_timeout",
+        finish_reason="stop",
+        usage=Usage(1, 2, 3, "reported", {"prompt_tokens": 1, "x": [1]}),
+        stream_sha256="e" * 64,
+        queue_ms=1.5,
+        ttft_ms=2.5,
+        duration_ms=3.5,
+        cancellation=["caller_disconnected"],
+        created=4.0,
+    )
+    out = receipt.to_json()
+    assert out == dataclasses.asdict(receipt)
+    out["artifacts"][0]["sha256"] = "changed"
+    out["cancellation"].append("x")
+    assert receipt.artifacts[0]["sha256"] == "c" * 64
+    assert receipt.cancellation == ["caller_disconnected"]
