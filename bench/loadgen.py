@@ -186,6 +186,17 @@ async def _connect(port: int) -> _Conn:
     return conn
 
 
+async def open_connections(port: int, count: int) -> list[_Conn]:
+    """Kept-alive connections to share between runs (warm-up, then measured)."""
+    return list(await asyncio.gather(*(_connect(port) for _ in range(count))))
+
+
+def close_connections(conns: list[_Conn]) -> None:
+    for conn in conns:
+        if conn.transport is not None:
+            conn.transport.close()
+
+
 async def run_load(
     port: int,
     payload_for: Callable[[int], bytes],
@@ -194,10 +205,17 @@ async def run_load(
     concurrency: int,
     request_timeout_s: float,
     budget_s: float,
+    connections: list[_Conn] | None = None,
 ) -> LoadResult:
-    """``total`` requests over ``concurrency`` kept-alive connections, within ``budget_s``."""
+    """``total`` requests over ``concurrency`` kept-alive connections, within ``budget_s``.
+
+    With ``connections`` (at least ``concurrency`` of them) those are used and
+    left open, replacing any that closed; otherwise new ones are opened and
+    closed at the end.
+    """
     concurrency = max(1, min(concurrency, total))
-    conns = await asyncio.gather(*(_connect(port) for _ in range(concurrency)))
+    owned = connections is None
+    conns = connections if connections is not None else await open_connections(port, concurrency)
     out = LoadResult()
     next_index = 0
     stop_at = time.perf_counter() + budget_s
@@ -228,9 +246,8 @@ async def run_load(
         await asyncio.gather(*(worker(i) for i in range(concurrency)))
     finally:
         out.wall_s = time.perf_counter() - started
-        for conn in conns:
-            if conn.transport is not None:
-                conn.transport.close()
+        if owned:
+            close_connections(conns)
     skipped = total - len(out.results)
     out.results.extend(Result(error="not sent (time budget)") for _ in range(skipped))
     return out

@@ -36,7 +36,13 @@ import httpx
 import jwt
 import orjson
 
-from bench.loadgen import LoadResult, http_post, run_load
+from bench.loadgen import (
+    LoadResult,
+    close_connections,
+    http_post,
+    open_connections,
+    run_load,
+)
 from bench.procs import Child
 from gateway.evidence.samples import SAMPLES
 from gateway.harness import DEMO_SECRET_ENV, SIM_ROUTE, default_policy, new_dev_secret, write_config
@@ -257,32 +263,40 @@ def _measure(
 ) -> dict[str, Any]:
     run = asyncio.Runner(loop_factory=_loop_factory())
     with run:
-        # Warm-up (not measured): open every connection on both hops, as in steady state.
-        run.run(
-            run_load(
-                server.port,
-                warm_for,
-                total=scenario.concurrency,
-                concurrency=scenario.concurrency,
-                request_timeout_s=timeout_s,
-                budget_s=budget_s,
+        # Callers keep connections to the gateway alive: open them once, warm up
+        # over them (which also opens the gateway's own pool to the worker), then
+        # measure over the same connections, as in steady state.
+        conns = run.run(open_connections(server.port, scenario.concurrency))
+        try:
+            run.run(
+                run_load(
+                    server.port,
+                    warm_for,
+                    total=scenario.concurrency,
+                    concurrency=scenario.concurrency,
+                    request_timeout_s=timeout_s,
+                    budget_s=budget_s,
+                    connections=conns,
+                )
             )
-        )
-        time.sleep(0.3)
-        server.reset_peak_rss()
-        before = {"server": server.cpu_s(), "sim": sim.cpu_s(), "client": time.process_time()}
-        load = run.run(
-            run_load(
-                server.port,
-                payload_for,
-                total=scenario.total,
-                concurrency=scenario.concurrency,
-                request_timeout_s=timeout_s,
-                budget_s=budget_s,
+            time.sleep(0.3)
+            server.reset_peak_rss()
+            before = {"server": server.cpu_s(), "sim": sim.cpu_s(), "client": time.process_time()}
+            load = run.run(
+                run_load(
+                    server.port,
+                    payload_for,
+                    total=scenario.total,
+                    concurrency=scenario.concurrency,
+                    request_timeout_s=timeout_s,
+                    budget_s=budget_s,
+                    connections=conns,
+                )
             )
-        )
-        time.sleep(0.2)  # receipts and metrics land just after the last byte
-        after = {"server": server.cpu_s(), "sim": sim.cpu_s(), "client": time.process_time()}
+            time.sleep(0.2)  # receipts and metrics land just after the last byte
+            after = {"server": server.cpu_s(), "sim": sim.cpu_s(), "client": time.process_time()}
+        finally:
+            close_connections(conns)
     cpu = {k: after[k] - before[k] for k in before}
     if server is sim:
         cpu["sim"] = cpu["server"]

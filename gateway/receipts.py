@@ -142,7 +142,11 @@ class ReceiptWriter:
             self._wakeup.clear()
             batch, self._pending = self._pending, []
             if batch:
-                await anyio.to_thread.run_sync(self._append, b"".join(batch))
+                # The loop's own executor: anyio's thread hop detects the async
+                # library on every call, which showed in the profile.
+                await asyncio.get_running_loop().run_in_executor(
+                    None, self._append, b"".join(batch)
+                )
                 self.written += len(batch)
             if not self._pending:
                 self._idle.set()

@@ -51,6 +51,8 @@ def uvicorn_config(loaded: Loaded, app: Any, host: str, port: int) -> uvicorn.Co
         access_log=False,
         log_config=None,
         server_header=False,
+        # Callers reach the sidecar directly; X-Forwarded-* from them is not trusted.
+        proxy_headers=False,
         date_header=True,
         timeout_keep_alive=15,
         # Header bytes a caller may send before we give up on it (slowloris bound).
