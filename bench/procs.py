@@ -19,12 +19,26 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 class Child:
-    def __init__(self, name: str, argv: list[str], workdir: Path, env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        workdir: Path,
+        env: dict[str, str],
+        cpus: set[int] | None = None,
+    ) -> None:
         self.name = name
         self.stdout_path = workdir / f"{name}.out"
         self.stderr_path = workdir / f"{name}.err"
+
+        def pin() -> None:
+            if cpus:
+                os.sched_setaffinity(0, cpus)
+
         with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=err, env=env, cwd=workdir)
+            self.proc = subprocess.Popen(
+                argv, stdout=out, stderr=err, env=env, cwd=workdir, preexec_fn=pin
+            )
         self.pid = self.proc.pid
         self.port = 0
 

@@ -118,9 +118,14 @@ class InferenceEndpoint:
                 )
         except TimeoutError:
             if not cancel_scope.expired():
+                receipt.outcome, receipt.error_code = "incomplete", "internal_error"
                 raise
             if exchange.shutdown and not exchange.disconnected:
                 await self._end_for_shutdown(send, receipt, held, info)
+        except Exception:
+            # A bug: the app answers 500; the receipt says what is known.
+            receipt.outcome, receipt.error_code = "incomplete", "internal_error"
+            raise
         finally:
             exchange.scope = None
             await self._finish(rt, info, receipt, exchange, held)
@@ -397,7 +402,7 @@ class InferenceEndpoint:
                 rt.metrics.ttft.observe(relay.state.first_content_at - info.started)
             if receipt.error_code is None and not exchange.disconnected and relay.state.finished:
                 receipt.outcome = "length" if validator.finish_reason == "length" else "complete"
-        elif plan is not None and receipt.outcome != "rejected" and not exchange.disconnected:
+        elif plan is not None and receipt.error_code is None and not exchange.disconnected:
             receipt.outcome = "rejected"
         if held.reservation is not None:
             used = receipt.usage.total_tokens if receipt.usage is not None else 0

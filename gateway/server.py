@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 import ssl
 import sys
@@ -73,6 +74,7 @@ class GatewayServer(uvicorn.Server):
     async def startup(self, sockets: Any = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
+        _tune_gc()
         if self.started:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 self._loop.add_signal_handler(signal.SIGHUP, self._spawn, self._reload)
@@ -104,6 +106,22 @@ class GatewayServer(uvicorn.Server):
         if runtime is not None:
             await runtime.drain(self.grace_s)
         self.should_exit = True
+
+
+def _tune_gc() -> None:
+    """Fewer, cheaper cyclic-GC passes once the app has started.
+
+    Measured (bench ``slow``: 512 streams opened at once): with CPython's
+    default thresholds (700, 10, 10) collections landed in that burst and
+    doubled its TTFT (p99 ~200-360 ms vs ~100-130 ms here). ``freeze`` moves
+    everything built at startup (modules, config, metrics) out of the
+    collector's view; the higher first threshold collects the young
+    generation per ~50k allocations (some hundred requests) instead of 700.
+    Reference counting still frees almost everything at once; this only
+    delays reclaiming garbage cycles, and the soak's memory check covers it.
+    """
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 50)
 
 
 def _runtime_of(app: Any) -> Any:

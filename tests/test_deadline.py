@@ -93,4 +93,3 @@ async def test_exception_inside_passes_through() -> None:
     with pytest.raises(ValueError):
         async with Deadline(loop.time() + 30):
             raise ValueError("boom")
-

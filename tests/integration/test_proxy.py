@@ -315,3 +315,50 @@ def test_cors_exact_origin(tmp_path: Any) -> None:
 
 def test_hs_secret_sanity() -> None:
     assert len(HS_SECRET.encode()) >= 32
+
+
+def test_inference_paths_other_methods_are_405(stack: Stack) -> None:
+    # POSTs to inference paths skip the router; other methods still reach it.
+    with stack.client() as client:
+        for path in ("/v1/chat/completions", "/v1/completions"):
+            response = client.get(path)
+            assert response.status_code == 405, path
+            assert response.json()["error"]["code"] == "method_not_allowed"
+            assert response.headers["x-request-id"]
+    assert _inference_requests(stack) == []
+
+
+def test_unexpected_error_is_a_clean_500_and_releases_everything(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    secret = "prompt-text-that-must-not-leak"
+    runtime = stack.runtime
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(secret)
+
+    original = runtime.ratelimit.reserve
+    runtime.ratelimit.reserve = broken
+    try:
+        with stack.client() as client:
+            response = client.post(
+                "/v1/chat/completions",
+                json=chat_body(secret),
+                headers={"x-request-id": "req-broken-1"},
+            )
+    finally:
+        runtime.ratelimit.reserve = original
+    assert response.status_code == 500
+    body = response.json()
+    assert body["error"]["code"] == "internal_error"
+    assert secret not in response.text
+    assert response.headers["x-request-id"] == "req-broken-1"
+    receipt = stack.receipt("req-broken-1")
+    assert (receipt["outcome"], receipt["error_code"]) == ("incomplete", "internal_error")
+    assert runtime.admission.in_use == 0
+    assert not runtime.inflight
+    assert secret not in caplog.text
+    assert "RuntimeError" in caplog.text
+    # The gateway still serves.
+    with stack.client() as client:
+        assert client.post("/v1/chat/completions", json=chat_body()).status_code == 200
