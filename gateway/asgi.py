@@ -27,6 +27,9 @@ Send = Callable[[Message], Awaitable[None]]
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
+#: scope["extensions"] key of the listener's "drop this connection now" callable
+ABORT_EXTENSION = "gateway.abort"
+
 
 @dataclass(slots=True)
 class RequestInfo:

@@ -56,6 +56,12 @@ class ListenConfig(Model):
     port: Annotated[int, Field(ge=0, le=65535)] = 8443
     tls: TLSConfig | None = None
     shutdown_grace_s: Annotated[float, Field(ge=0)] = 30
+    # Not in the spec's example (added for hostile clients, see docs/security.md):
+    # a request head must arrive within header_timeout_s of its first byte (or of
+    # the connection), a body within body_timeout_s of its head.
+    header_timeout_s: Annotated[float, Field(gt=0, le=300)] = 10
+    body_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 30
+    max_header_bytes: Annotated[int, Field(ge=4096, le=1_048_576)] = 32_768
 
 
 class LaunchConfig(Model):

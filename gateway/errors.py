@@ -37,8 +37,10 @@ _CODES: dict[str, tuple[int, str]] = {
     "not_found": (404, "not_found_error"),
     "method_not_allowed": (405, "invalid_request_error"),
     "evidence_in_use": (409, "invalid_request_error"),
+    "request_timeout": (408, "invalid_request_error"),
     "body_too_large": (413, "invalid_request_error"),
     "unsupported_media_type": (415, "invalid_request_error"),
+    "headers_too_large": (431, "invalid_request_error"),
     "rate_limited": (429, "rate_limit_error"),
     "queue_full": (429, "rate_limit_error"),
     "admission_timeout": (429, "rate_limit_error"),
@@ -49,6 +51,7 @@ _CODES: dict[str, tuple[int, str]] = {
     "upstream_error": (502, "upstream_error"),
     "upstream_not_ready": (503, "upstream_not_ready"),
     "upstream_timeout": (504, "upstream_timeout"),
+    "http_version_not_supported": (505, "invalid_request_error"),
 }
 
 #: receipt outcome implied by an error code when the raiser names none
@@ -79,6 +82,9 @@ _DEFAULT_MESSAGES: dict[str, str] = {
     "upstream_protocol_error": "The inference worker broke the stream protocol.",
     "upstream_rejected": "The inference worker rejected the request.",
     "internal_error": "Internal gateway error.",
+    "request_timeout": "The request did not arrive in time.",
+    "headers_too_large": "The request headers are too large.",
+    "http_version_not_supported": "Only HTTP/1.1 is served.",
     "storage_error": "The evidence store failed.",
 }
 

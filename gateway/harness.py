@@ -109,13 +109,21 @@ def wait_receipt(path: Path, request_id: str, timeout_s: float = 5) -> dict[str,
 class ThreadedServer:
     """uvicorn on its own thread and loop; ``start`` returns once it listens."""
 
-    def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0, **options: Any):
+    def __init__(
+        self,
+        app: Any,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        http: Any = "httptools",
+        **options: Any,
+    ):
         config = uvicorn.Config(
             app,
             host=host,
             port=port,
             loop="asyncio",
-            http="httptools",
+            http=http,
             lifespan="on",
             access_log=False,
             log_config=None,
@@ -145,9 +153,12 @@ class Gateway:
 
     def __init__(self, config_path: Path, **server_options: Any) -> None:
         from gateway.app import create_app
+        from gateway.protocol import protocol_class
 
         self.loaded: Loaded = load_all(config_path)
         self.app = create_app(self.loaded)
+        # The listener's own protocol (head/body limits), as `serve` runs it.
+        server_options.setdefault("http", protocol_class(self.loaded.config.listen))
         self.server = ThreadedServer(self.app, **server_options)
 
     def __enter__(self) -> Gateway:

@@ -1,4 +1,4 @@
-"""Request-body guards: size while reading, then JSON parse with a depth bound.
+"""Request-body guards: size and time while reading, then JSON parse with a depth bound.
 
 The body limit is enforced as bytes arrive: a ``Content-Length`` above it is
 refused before anything is read, and a chunked body is refused as soon as the
@@ -8,6 +8,7 @@ never buffered whole.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -27,18 +28,32 @@ def header(scope: dict[str, Any], name: bytes) -> list[bytes]:
     return [v for k, v in scope["headers"] if k == name]
 
 
-async def read_body(scope: dict[str, Any], receive: Receive, limit: int) -> bytes:
+async def read_body(scope: dict[str, Any], receive: Receive, limit: int, timeout_s: float) -> bytes:
+    """The whole body, or a refusal; it must arrive within ``timeout_s`` (a caller
+    trickling a body holds a task and a buffer, so not for long)."""
     lengths = header(scope, b"content-length")
-    if len(lengths) > 1 or (lengths and header(scope, b"transfer-encoding")):
+    codings = header(scope, b"transfer-encoding")
+    if len(lengths) > 1 or (lengths and codings):
         # Ambiguous framing is how request smuggling starts; refuse it outright.
         raise GatewayError("invalid_request", "Ambiguous request framing.")
+    if codings and (len(codings) > 1 or codings[0].strip().lower() != b"chunked"):
+        # The parser already framed the body; a coding on top of chunked would
+        # hand us bytes we cannot read (and another hop might frame differently).
+        raise GatewayError("invalid_request", "Unsupported transfer encoding.")
     if lengths:
-        try:
-            declared = int(lengths[0])
-        except ValueError as exc:
-            raise GatewayError("invalid_request", "Invalid Content-Length.") from exc
-        if declared > limit:
+        if not lengths[0].isdigit():
+            raise GatewayError("invalid_request", "Invalid Content-Length.")
+        if int(lengths[0]) > limit:
             raise GatewayError("body_too_large")
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read(receive, limit)
+    except TimeoutError as exc:
+        # The rest of the body may still be in flight: this connection is done.
+        raise GatewayError("request_timeout", headers={"connection": "close"}) from exc
+
+
+async def _read(receive: Receive, limit: int) -> bytes:
     parts: list[bytes] = []
     size = 0
     while True:

@@ -27,6 +27,7 @@ import orjson
 
 from gateway.admission import Permit, request_weight
 from gateway.asgi import (
+    ABORT_EXTENSION,
     Receive,
     RequestInfo,
     Scope,
@@ -53,7 +54,7 @@ from gateway.rewrite import (
 )
 from gateway.runtime import Exchange, Runtime
 from gateway.sse import SSEValidator, StreamRules
-from gateway.streaming import Relay, Timeouts, assemble, error_event
+from gateway.streaming import CallerStalled, Relay, Timeouts, assemble, error_event
 
 _PATHS = {"chat.completions": "/v1/chat/completions", "completions": "/v1/completions"}
 _SSE_HEADERS = [
@@ -147,7 +148,9 @@ class InferenceEndpoint:
             authorize(principal, tenant, self.endpoint)
             if not rt.accepting():
                 raise GatewayError("upstream_not_ready")
-            body = await read_body(scope, receive, tenant.limits.max_body_bytes)
+            body = await read_body(
+                scope, receive, tenant.limits.max_body_bytes, rt.config.listen.body_timeout_s
+            )
             plan = plan_request(
                 self.endpoint,
                 parse_json(body, tenant.limits.max_json_depth),
@@ -179,6 +182,11 @@ class InferenceEndpoint:
                 await send_error(send, exc, info)
             else:
                 info.error_code = exc.code
+        except CallerStalled:
+            exchange.stalled = True
+            abort = scope.get("extensions", {}).get(ABORT_EXTENSION)
+            if abort is not None:
+                abort()
         finally:
             watcher.cancel()
 
@@ -385,8 +393,10 @@ class InferenceEndpoint:
         closed_early = relay.close() if relay is not None else False
         if held.permit is not None:
             held.permit.release()
-        if exchange.disconnected:
-            receipt.cancellation.append("caller_disconnected")
+        if exchange.disconnected or exchange.stalled:
+            receipt.cancellation.append(
+                "caller_disconnected" if exchange.disconnected else "caller_stalled"
+            )
             receipt.outcome = "canceled"
             receipt.error_code = None
         if closed_early:

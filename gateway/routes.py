@@ -59,7 +59,9 @@ async def evidence_upload(scope: Scope, receive: Receive, send: Send) -> None:
     info.endpoint = "evidence"
     try:
         tenant = await _tenant_for(scope, rt, "evidence")
-        data = await read_body(scope, receive, tenant.limits.max_media_bytes)
+        data = await read_body(
+            scope, receive, tenant.limits.max_media_bytes, rt.config.listen.body_timeout_s
+        )
         content_type = _single(scope, b"content-type")
         # The locator digest is of its UTF-8 text (spec §12), as `evidence add` computes it.
         locator = _single(scope, b"x-evidence-locator", "utf-8")

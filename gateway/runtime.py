@@ -43,6 +43,8 @@ class Exchange:
     #: the request's cancel scope (an asyncio timeout with no deadline until cancel)
     scope: asyncio.Timeout | None = None
     disconnected: bool = False
+    #: the caller stopped reading its stream (cut by the idle/total deadline)
+    stalled: bool = False
     shutdown: bool = False
     done: asyncio.Event = field(default_factory=asyncio.Event)
 

@@ -22,6 +22,7 @@ from typing import Any
 import uvicorn
 
 from gateway.loader import Loaded
+from gateway.protocol import protocol_class
 
 try:  # uvloop is in uvicorn[standard]; fall back quietly where it cannot load
     import uvloop  # noqa: F401
@@ -47,7 +48,7 @@ def uvicorn_config(loaded: Loaded, app: Any, host: str, port: int) -> uvicorn.Co
         host=host,
         port=port,
         loop=_LOOP,
-        http="httptools",
+        http=protocol_class(listen),
         lifespan="on",
         access_log=False,
         log_config=None,

@@ -79,6 +79,7 @@ MODEL_STATUSES = frozenset({"loaded", "unloaded", "reloading"})
 
 _MAX_HEAD_BYTES = 64 * 1024
 _MAX_PIPELINE = 32
+_FLUSH_BYTES = 64 * 1024
 _HANG_LIMIT_S = 300.0
 _ENDLESS_LIMIT = 512 * 1024 * 1024
 _ENDLESS_BLOCK = 64 * 1024
@@ -128,6 +129,7 @@ class SimKnobs:
     status: int | None = None
     extras: bool = False
     fault: str | None = None
+    pad: int = 0  # pad each content token's text to this many bytes (large streams)
 
     def __post_init__(self) -> None:
         checks = (
@@ -139,6 +141,7 @@ class SimKnobs:
             (self.finish in FINISHES, f"finish must be one of {sorted(FINISHES)}"),
             (self.status is None or 100 <= self.status <= 599, "status must be 100..599"),
             (self.fault is None or self.fault in FAULTS, "unknown fault"),
+            (0 <= self.pad <= 65_536, "pad must be 0..65536"),
         )
         for ok, message in checks:
             if not ok:
@@ -165,6 +168,7 @@ _KNOB_TYPES: dict[str, Callable[[str], Any]] = {
     "status": int,
     "extras": _flag,
     "fault": str,
+    "pad": int,
 }
 
 
@@ -220,6 +224,8 @@ class SimRequest:
     disconnected_at: float | None = None
     completed: bool = False
     query: str = ""
+    #: response bytes handed to the kernel so far (read live: backpressure tests)
+    bytes_sent: int = 0
 
 
 class _State:
@@ -338,10 +344,10 @@ def _text_reply(status: int, text: str, request_id: str) -> Iterator[_Step]:
     return _simple(status, text.encode(), request_id, "text/plain; charset=utf-8")
 
 
-def _token(i: int, unicode: bool) -> str:
-    if unicode:
-        return f"sim-{_UNICODE_WORDS[i % len(_UNICODE_WORDS)]}-{i} "
-    return f"sim-token-{i} "
+def _token(i: int, unicode: bool, pad: int = 0) -> str:
+    word = _UNICODE_WORDS[i % len(_UNICODE_WORDS)] if unicode else "token"
+    text = f"sim-{word}-{i} "
+    return text.ljust(pad, ".") if pad else text
 
 
 def _shape(ctx: _Ctx) -> tuple[int, str]:
@@ -496,7 +502,7 @@ def _stream_body(ctx: _Ctx) -> Iterator[bytes | _Pause | _Op]:
         if i and k.delay_ms:
             yield _Pause(k.delay_ms / 1000)
         last = finish_on_last and i == count - 1
-        chunk = _chunk(ctx, _token(i, k.unicode), finish if last else None, None)
+        chunk = _chunk(ctx, _token(i, k.unicode, k.pad), finish if last else None, None)
         if last:
             chunk["usage"] = terminal_usage
         elif i == 0 and fault == "usage_early":
@@ -526,7 +532,7 @@ def _json_body(ctx: _Ctx) -> bytes:
     count, finish = _shape(ctx)
     if k.fault == "bad_finish":
         finish = "content_filter"
-    text = "".join(_token(i, k.unicode) for i in range(count))
+    text = "".join(_token(i, k.unicode, k.pad) for i in range(count))
     if k.fault == "nul_text":
         text = "sim-\x00-nul "
     choice: dict[str, Any] = {"finish_reason": finish, "index": 0}
@@ -1071,6 +1077,9 @@ class _Connection(asyncio.Protocol):
         assert transport is not None
         if self._lost or transport.is_closing():
             return
+        current = self._current
+        if current is not None:
+            current.bytes_sent += len(data)  # one writer; readers only poll it
         if split <= 0:
             transport.write(data)
             await self._drain()
@@ -1098,12 +1107,19 @@ class _Connection(asyncio.Protocol):
         chunked = False
         sse_open = False
         last_event = self._loop.time()
+        pending = 0
         for step in plan:
             if isinstance(step, bytes):
                 if not chunked:
                     out.append(step)
                 elif step:  # an empty chunk would be the terminator
                     out.append(_frame(step))
+                pending += len(step)
+                if pending >= _FLUSH_BYTES:
+                    # A long burst goes out as it is made, under flow control,
+                    # instead of as one write the size of the whole stream.
+                    await self._flush(out, split)
+                    pending = 0
             elif isinstance(step, _Pause):
                 await self._flush(out, split)
                 if sse_open and keepalive is not None:
@@ -1139,6 +1155,8 @@ class _Connection(asyncio.Protocol):
                 if self._lost or transport.is_closing():
                     break
                 transport.write(block)
+                if self._current is not None:
+                    self._current.bytes_sent += len(block)
                 await self._drain()
                 await asyncio.sleep(0)  # a fast reader never pauses us; let others run
         transport.abort()

@@ -74,6 +74,14 @@ class StreamState:
         return "".join(self.text_parts)
 
 
+class CallerStalled(Exception):
+    """The caller stopped reading: a send to it outlasted the idle (or total) deadline.
+
+    The caller's transport buffer is full, so the relay stopped reading the
+    worker (backpressure); the stream ends as a cancellation, not a worker
+    timeout."""
+
+
 def error_event(exc: GatewayError) -> bytes:
     return b"data: " + orjson.dumps(exc.body()) + b"\n\n"
 
@@ -95,6 +103,7 @@ class Relay:
         self.response_headers = response_headers
         self.state = StreamState()
         self.upstream: UpstreamStream | None = None
+        self._sending = False
 
     async def stream_to(self, open_stream: Opener, send: Send) -> None:
         """Re-stream to an ASGI ``send``; on failure after headers, end with an error event."""
@@ -105,10 +114,13 @@ class Relay:
             if not state.headers_sent:
                 raise
             state.finished = True
-            await send({"type": "http.response.body", "body": error_event(exc)})
+            try:
+                # A caller that stopped reading would block this send for good.
+                async with asyncio.timeout(self.timeouts.idle_s):
+                    await send({"type": "http.response.body", "body": error_event(exc)})
+            except TimeoutError:
+                pass
             raise
-        state.finished = True
-        await send({"type": "http.response.body", "body": DONE_FRAME})
 
     async def collect(self, open_stream: Opener) -> None:
         """Run the pump without a caller stream (non-streaming requests)."""
@@ -155,7 +167,13 @@ class Relay:
                 validator.receive_data(b"")
                 if not isinstance(validator.next_event(), Done):
                     raise GatewayError("upstream_protocol_error")
+                if send is not None:
+                    await self._send(send, {"type": "http.response.body", "body": DONE_FRAME})
+                    state.finished = True
         except TimeoutError as exc:
+            if self._sending:
+                # Blocked on the caller, not the worker: the caller stopped reading.
+                raise CallerStalled from exc
             raise GatewayError("upstream_timeout") from exc
         except httpx.HTTPError as exc:
             # The worker's connection broke (reset, truncated chunked body).
@@ -208,10 +226,19 @@ class Relay:
     async def _send_body(self, send: Send, frames: list[bytes]) -> None:
         if not self.state.headers_sent:
             self.state.headers_sent = True
-            await send(
-                {"type": "http.response.start", "status": 200, "headers": self.response_headers}
+            await self._send(
+                send,
+                {"type": "http.response.start", "status": 200, "headers": self.response_headers},
             )
-        await send({"type": "http.response.body", "body": b"".join(frames), "more_body": True})
+        await self._send(
+            send, {"type": "http.response.body", "body": b"".join(frames), "more_body": True}
+        )
+
+    async def _send(self, send: Send, message: dict[str, Any]) -> None:
+        # Left True when the send is cancelled: the deadline then knows whom it cut.
+        self._sending = True
+        await send(message)
+        self._sending = False
 
 
 def _merge_tool_call(calls: dict[int, dict[str, Any]], delta: dict[str, Any]) -> None:

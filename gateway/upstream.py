@@ -25,7 +25,13 @@ import orjson
 
 from gateway.config import UpstreamConfig
 from gateway.errors import GatewayError
-from gateway.upstream_wire import WireConnectError, WireConnection, WireError, WirePool
+from gateway.upstream_wire import (
+    WireConnectError,
+    WireConnection,
+    WireError,
+    WirePool,
+    WireProtocolError,
+)
 
 
 class UpstreamStream:
@@ -60,6 +66,8 @@ class UpstreamStream:
                 raise StopAsyncIteration
             try:
                 await conn.wait_body()
+            except WireProtocolError as exc:
+                raise GatewayError("upstream_protocol_error") from exc
             except WireError as exc:
                 # The worker's connection broke (reset, truncated chunked body).
                 raise GatewayError("upstream_unavailable") from exc
@@ -145,6 +153,8 @@ class Upstream:
         except BaseException as exc:
             conn.close()
             pool.release(conn)
+            if isinstance(exc, WireProtocolError):
+                raise GatewayError("upstream_protocol_error") from exc
             if isinstance(exc, WireError):
                 raise GatewayError("upstream_unavailable") from exc
             raise

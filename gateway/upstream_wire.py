@@ -40,14 +40,20 @@ class WireConnectError(WireError):
     """No connection could be made (or no pool slot came free in time)."""
 
 
+class WireProtocolError(WireError):
+    """The worker spoke invalid HTTP/1.1, or a head over the size caps."""
+
+
 class WireConnection(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.parser: Any = None
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
-        self.head_bytes = 0
+        self.head_bytes = 0  # bytes received before the head was complete
+        self.header_bytes = 0  # header lines as parsed
         self.head_done = False
+        self.protocol_error = False
         self.complete = False
         self.closed = False
         self.error: str | None = None
@@ -69,10 +75,20 @@ class WireConnection(asyncio.Protocol):
             self.error = "unexpected bytes"
             self._close()
             return
+        if not self.head_done:
+            self.head_bytes += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
+            self.protocol_error = True
             self.error = "invalid HTTP/1.1"
+            self._close()
+        if not self.head_done and self.head_bytes > _MAX_HEAD_BYTES and self.error is None:
+            # httptools holds a header value whole until it ends: a head still
+            # arriving is bounded by the bytes received, so an endless header
+            # cannot grow memory past one read over the cap.
+            self.protocol_error = True
+            self.error = "head too large"
             self._close()
         self._wake()
 
@@ -98,8 +114,8 @@ class WireConnection(asyncio.Protocol):
     # ------------------------------------------------------ httptools side
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.head_bytes += len(name) + len(value) + 4
-        if self.head_bytes > _MAX_HEAD_BYTES or len(self.headers) >= _MAX_HEADERS:
+        self.header_bytes += len(name) + len(value) + 4
+        if self.header_bytes > _MAX_HEAD_BYTES or len(self.headers) >= _MAX_HEADERS:
             raise httptools.HttpParserError("head too large")
         self.headers.append((name.lower(), value))
 
@@ -130,8 +146,8 @@ class WireConnection(asyncio.Protocol):
         """Start an exchange: reset the response state and write ``request``."""
         assert self.transport is not None
         self.parser = httptools.HttpResponseParser(self)
-        self.status, self.headers, self.head_bytes = 0, [], 0
-        self.head_done = self.complete = self.keep_alive = False
+        self.status, self.headers, self.head_bytes, self.header_bytes = 0, [], 0, 0
+        self.head_done = self.complete = self.keep_alive = self.protocol_error = False
         self.error = None
         self.transport.write(request)
         if self._writable is not None:
@@ -147,8 +163,11 @@ class WireConnection(asyncio.Protocol):
     async def read_head(self) -> None:
         while not self.head_done:
             if self.error is not None:
-                raise WireError(self.error)
+                raise self._failure()
             await self._wait()
+
+    def _failure(self) -> WireError:
+        return WireProtocolError(self.error) if self.protocol_error else WireError(self.error)
 
     def take(self) -> bytes | None:
         """All body bytes queued so far, or None when none are."""
@@ -165,7 +184,7 @@ class WireConnection(asyncio.Protocol):
 
     async def wait_body(self) -> None:
         if self.error is not None and not self.complete:
-            raise WireError(self.error)
+            raise self._failure()
         await self._wait()
 
     def reusable(self) -> bool:
@@ -218,11 +237,14 @@ class WirePool:
 
     async def acquire(self) -> WireConnection:
         """A connection for one exchange; :meth:`release` it exactly once."""
-        try:
-            async with asyncio.timeout(self.connect_timeout_s):
-                await self._slots.acquire()
-        except TimeoutError as exc:
-            raise WireConnectError("no pool slot") from exc
+        if self._slots.locked():
+            try:
+                async with asyncio.timeout(self.connect_timeout_s):
+                    await self._slots.acquire()
+            except TimeoutError as exc:
+                raise WireConnectError("no pool slot") from exc
+        else:
+            await self._slots.acquire()  # free: returns at once, no timer needed
         try:
             now = time.monotonic()
             while self._idle:

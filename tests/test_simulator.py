@@ -452,6 +452,18 @@ def test_split_writes_give_identical_bytes(sim: Simulator) -> None:
     assert normalised(split) == normalised(whole)
 
 
+def test_pad_makes_large_streams_and_bytes_sent_counts_them(sim: Simulator) -> None:
+    sim.reset()
+    raw = stream_raw(sim, "[[sim chunks=40 pad=4096]]")
+    assert raw.terminated and raw.frames[-1] == b"data: [DONE]\n\n"
+    texts = [c["choices"][0]["delta"]["content"] for c in raw.chunks()]
+    assert [len(t) for t in texts[:40]] == [4096] * 40
+    assert texts[0].startswith("sim-token-0 ") and texts[0].endswith("...")
+    # Every response byte written (head and chunked framing included) is counted.
+    (request,) = sim.requests()
+    assert request.bytes_sent >= len(raw.body) > 40 * 4096
+
+
 def test_disconnect_is_recorded_at_once_and_frees_the_stream(sim: Simulator) -> None:
     sim.reset()
     request = http_request(CHAT, chat("[[sim chunks=200 delay_ms=20]]"))

@@ -82,6 +82,7 @@ FAULTS: dict[str, tuple[str, str]] = {
     "redirect": ("upstream_protocol_error", "protocol_error"),
     "wrong_request_id": ("upstream_protocol_error", "protocol_error"),
     "endless_line": ("upstream_protocol_error", "protocol_error"),
+    "huge_headers": ("upstream_protocol_error", "protocol_error"),
     "hang": ("upstream_timeout", "incomplete"),
     "hang_headers": ("upstream_timeout", "incomplete"),
     "hang_mid": ("upstream_timeout", "incomplete"),
