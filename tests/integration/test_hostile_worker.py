@@ -96,7 +96,6 @@ def test_endless_line_is_cut_at_the_line_bound(small_lines: Stack, stream: bool)
     assert response.json()["error"]["code"] == "upstream_protocol_error"
     # The worker stopped writing: the gateway hung up (requests() are snapshots) ...
     assert _wait(lambda: _posted(small_lines)[0].finished_at is not None)
-    assert not _posted(small_lines)[0].completed
     # ... having got out only what the kernel buffers held, not its 512 MiB.
     assert 65_536 < _posted(small_lines)[0].bytes_sent < 64 << 20
     assert peak < 16 << 20, f"peak traced memory {peak / 1e6:.1f} MB"
