@@ -18,48 +18,28 @@ from typing import Any
 import orjson
 
 from gateway.sse import NEED_DATA, Done, SSEValidator, StreamRules
+from tests.support.sse import chunk, event, usage
 
 TOKENS = 4000
 REPEATS = 5
 WORDS = (" the", " model", " answer", " é", "té", " 日本", " 🙂", ",", " data", "\n")
 
 
-def _chunk(content: str, finish: str | None, usage: dict[str, Any] | None) -> bytes:
-    obj = {
-        "id": "7",
-        "choices": [
-            {
-                "finish_reason": finish,
-                "index": 0,
-                "delta": {"content": content, "role": "assistant", "tool_calls": None},
-                "logprobs": None,
-            }
-        ],
-        "created": 1755870000,
-        "model": "Qwen/Qwen3-4B",
-        "system_fingerprint": "local",
-        "object": "chat.completion.chunk",
-        "usage": usage,
-    }
-    return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
-
-
 def chat_stream(tokens: int = TOKENS) -> list[bytes]:
     """The stream as the list of its events' bytes."""
-    usage = {
-        "completion_tokens": tokens,
-        "prompt_tokens": 512,
-        "total_tokens": tokens + 512,
-        "avg_tok_per_sec": 55.2,
-        "avg_prompt_tok_per_sec": 310.0,
-        "avg_compl_tok_per_sec": 48.1,
-        "total_time_sec": 72.9,
-        "total_prompt_time_sec": 1.65,
-        "total_completion_time_sec": 71.25,
-    }
+    terminal = usage(
+        tokens,
+        512,
+        avg_tok_per_sec=55.2,
+        avg_prompt_tok_per_sec=310.0,
+        avg_compl_tok_per_sec=48.1,
+        total_time_sec=72.9,
+        total_prompt_time_sec=1.65,
+        total_completion_time_sec=71.25,
+    )
     events = [b":\n\n", b":\n\n"]
-    events += [_chunk(WORDS[i % len(WORDS)], None, None) for i in range(tokens)]
-    events += [_chunk("", "stop", usage), b"data: [DONE]\n\n"]
+    events += [event(chunk(WORDS[i % len(WORDS)])) for i in range(tokens)]
+    events += [event(chunk("", "stop", terminal)), b"data: [DONE]\n\n"]
     return events
 
 

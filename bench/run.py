@@ -267,32 +267,26 @@ def _measure(
         # over them (which also opens the gateway's own pool to the worker), then
         # measure over the same connections, as in steady state.
         conns = run.run(open_connections(server.port, scenario.concurrency))
-        try:
-            run.run(
+
+        def load(payloads: Callable[[int], bytes], total: int) -> LoadResult:
+            return run.run(
                 run_load(
                     server.port,
-                    warm_for,
-                    total=scenario.concurrency,
+                    payloads,
+                    total=total,
                     concurrency=scenario.concurrency,
                     request_timeout_s=timeout_s,
                     budget_s=budget_s,
                     connections=conns,
                 )
             )
+
+        try:
+            load(warm_for, scenario.concurrency)
             time.sleep(0.3)
             server.reset_peak_rss()
             before = {"server": server.cpu_s(), "sim": sim.cpu_s(), "client": time.process_time()}
-            load = run.run(
-                run_load(
-                    server.port,
-                    payload_for,
-                    total=scenario.total,
-                    concurrency=scenario.concurrency,
-                    request_timeout_s=timeout_s,
-                    budget_s=budget_s,
-                    connections=conns,
-                )
-            )
+            measured = load(payload_for, scenario.total)
             time.sleep(0.2)  # receipts and metrics land just after the last byte
             after = {"server": server.cpu_s(), "sim": sim.cpu_s(), "client": time.process_time()}
         finally:
@@ -300,7 +294,7 @@ def _measure(
     cpu = {k: after[k] - before[k] for k in before}
     if server is sim:
         cpu["sim"] = cpu["server"]
-    return _figures(load, server, sim, cpu)
+    return _figures(measured, server, sim, cpu)
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
@@ -312,7 +306,7 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
     return factory
 
 
-_RATIO_KEYS = (
+RATIO_KEYS = (
     "rps",
     "ttft_p50_ms",
     "ttft_p99_ms",
@@ -324,7 +318,7 @@ _RATIO_KEYS = (
 
 def _ratios(direct: dict[str, Any], gateway: dict[str, Any]) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
-    for key in _RATIO_KEYS:
+    for key in RATIO_KEYS:
         d, g = direct.get(key), gateway.get(key)
         out[key] = round(g / d, 3) if isinstance(d, int | float) and d and g is not None else None
     return out

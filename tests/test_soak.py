@@ -35,7 +35,7 @@ import httpx
 from gateway.evidence.samples import SAMPLES
 from gateway.harness import SIM_ROUTE
 from gateway.simulator import Simulator
-from tests.support.stack import Stack, running_stack, sse_data
+from tests.support.stack import Stack, chat_body, running_stack, sse_data
 
 LONG = os.environ.get("GATEWAY_SOAK", "").lower() == "long"
 SEED = int(os.environ.get("GATEWAY_SOAK_SEED", "20240807"))
@@ -192,16 +192,6 @@ def poll(predicate: Any, timeout_s: float) -> bool:
 # ------------------------------------------------------------------ callers
 
 
-def chat(text: str, *, stream: bool, **extra: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "model": "gemma-4-mm",
-        "messages": [{"role": "user", "content": text}],
-        "stream": stream,
-    }
-    body.update(extra)
-    return body
-
-
 def observe(out: Outcome, response: httpx.Response, stream: bool) -> None:
     out.status = response.status_code
     if response.status_code != 200:
@@ -228,14 +218,14 @@ async def plain(soak: Soak, client: httpx.AsyncClient, kind: str) -> Outcome:
     if kind == "fault":
         fault = rng.choice(FAULTS)
         directive = fault if "=" in fault else f"fault={fault}"
-        body = chat(f"go [[sim {directive} chunks=6]]", stream=stream)
+        body = chat_body(f"go [[sim {directive} chunks=6]]", stream=stream)
     elif kind == "completion_ok":
         path = "/v1/completions"
         chunks = rng.randint(1, 12)
         body = {"model": "gemma-4-mm", "prompt": f"p [[sim chunks={chunks}]]", "stream": stream}
     else:
         chunks, delay = rng.randint(1, 24), rng.choice([0, 0, 1, 3])
-        body = chat(f"hi [[sim chunks={chunks} delay_ms={delay}]]", stream=stream)
+        body = chat_body(f"hi [[sim chunks={chunks} delay_ms={delay}]]", stream=stream)
         if kind == "json_ok":
             stream = body["stream"] = False
     response = await client.post(path, json=body, headers={"x-request-id": out.rid})
@@ -257,7 +247,7 @@ async def evidence_race(soak: Soak, client: httpx.AsyncClient) -> Outcome:
     soak.uploads += 1
     evidence_id = uploaded.json()["id"]
     stream = rng.random() < 0.5
-    body = chat("x", stream=stream)
+    body = chat_body("x", stream=stream)
     body["messages"][0]["content"] = [
         {"type": "text", "text": f"look [[sim chunks={rng.randint(1, 10)} delay_ms=2]]"},
         {"type": "image_url", "image_url": {"url": f"evidence:{evidence_id}"}},
@@ -291,7 +281,7 @@ async def hang_up(soak: Soak, kind: str) -> Outcome:
     }[kind]
     # Only a stream shows bytes before its end; the others may be streams or not.
     stream = kind in ("disc_mid", "disc_first") or rng.random() < 0.7
-    payload = json.dumps(chat(f"[[sim {directive}]]", stream=stream)).encode()
+    payload = json.dumps(chat_body(f"[[sim {directive}]]", stream=stream)).encode()
     head = (
         "POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n"
         f"authorization: Bearer {soak.token}\r\ncontent-type: application/json\r\n"

@@ -24,6 +24,7 @@ from gateway.sse import (
     StreamRules,
     StreamState,
 )
+from tests.support.sse import MODEL, chunk, event, usage
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "sse"
 EXPECTED: dict[str, dict[str, Any]] = json.loads((FIXTURES / "expected.json").read_text())
@@ -31,7 +32,6 @@ NAMES = sorted(EXPECTED)
 VALID = [name for name in NAMES if EXPECTED[name]["result"] == "ok"]
 LOADERS: dict[str, Callable[[bytes | str], Any]] = {"json": json.loads, "orjson": orjson.loads}
 
-MODEL = "Qwen/Qwen3-4B"
 PROTOCOL = ("upstream_protocol_error", "protocol_error")
 UPSTREAM = ("upstream_error", "upstream_error")
 INCOMPLETE = ("upstream_unavailable", "incomplete")
@@ -100,44 +100,6 @@ def rules_for(name: str, loads: Callable[[bytes | str], Any] = json.loads) -> St
 
 def fixture(name: str) -> bytes:
     return (FIXTURES / name).read_bytes()
-
-
-def dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def chunk(content: Any = "x", finish: Any = None, usage: Any = None, **top: Any) -> dict[str, Any]:
-    obj: dict[str, Any] = {
-        "id": "7",
-        "choices": [
-            {
-                "finish_reason": finish,
-                "index": 0,
-                "delta": {"content": content, "role": "assistant", "tool_calls": None},
-                "logprobs": None,
-            }
-        ],
-        "created": 1755870000,
-        "model": MODEL,
-        "system_fingerprint": "local",
-        "object": "chat.completion.chunk",
-        "usage": usage,
-    }
-    obj.update(top)
-    return obj
-
-
-def usage(completion: int = 2, prompt: int = 3, **extra: Any) -> dict[str, Any]:
-    return {
-        "completion_tokens": completion,
-        "prompt_tokens": prompt,
-        "total_tokens": completion + prompt,
-        **extra,
-    }
-
-
-def event(obj: Any) -> bytes:
-    return b"data: " + (obj if isinstance(obj, bytes) else dumps(obj)) + b"\n\n"
 
 
 def stream(*middle: Any, end: bytes = b"data: [DONE]\n\n") -> bytes:

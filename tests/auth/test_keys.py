@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from collections.abc import AsyncIterator
@@ -167,6 +168,14 @@ class Idp:
         return httpx.AsyncClient(transport=httpx.MockTransport(self))
 
 
+@contextlib.asynccontextmanager
+async def _url_auth(idp: Idp, clock: FakeClock, *issuers: Any) -> AsyncIterator[Authenticator]:
+    """An Authenticator whose jwks_url issuers are served by ``idp``."""
+    config = auth_config(*issuers)
+    async with idp.client() as http:
+        yield Authenticator(config, load_key_set(config, {}), http=http, clock=clock)
+
+
 async def test_fetch_ok() -> None:
     idp = Idp()
     async with idp.client() as http:
@@ -261,9 +270,7 @@ async def test_url_keys_fetched_on_first_use_and_refresh_rate_limited(
     clock: FakeClock, policies: PolicySet
 ) -> None:
     idp = Idp()
-    config = auth_config(url_issuer(URL))
-    async with idp.client() as http:
-        auth = Authenticator(config, load_key_set(config, {}), http=http, clock=clock)
+    async with _url_auth(idp, clock, url_issuer(URL)) as auth:
         await _auth_ok(auth, policies, sign_rs256(make_claims(now=clock.now)))
         assert len(idp.requests) == 1
 
@@ -290,9 +297,9 @@ async def test_url_keys_fetched_on_first_use_and_refresh_rate_limited(
 
 async def test_refresh_limit_is_per_issuer(clock: FakeClock, policies: PolicySet) -> None:
     idp = Idp()
-    config = auth_config(url_issuer(URL), url_issuer(URL, issuer="https://other.test"))
-    async with idp.client() as http:
-        auth = Authenticator(config, load_key_set(config, {}), http=http, clock=clock)
+    async with _url_auth(
+        idp, clock, url_issuer(URL), url_issuer(URL, issuer="https://other.test")
+    ) as auth:
         await _auth_ok(auth, policies, sign_rs256(make_claims(now=clock.now)))
         other = make_claims(now=clock.now, iss="https://other.test")
         await _auth_ok(auth, policies, sign_rs256(other))
@@ -303,9 +310,7 @@ async def test_failed_fetch_keeps_old_keys_and_counts_as_attempt(
     clock: FakeClock, policies: PolicySet
 ) -> None:
     idp = Idp()
-    config = auth_config(url_issuer(URL))
-    async with idp.client() as http:
-        auth = Authenticator(config, load_key_set(config, {}), http=http, clock=clock)
+    async with _url_auth(idp, clock, url_issuer(URL)) as auth:
         assert await auth.prefetch() == []
         idp.status = 500
         clock.advance(5)
@@ -318,19 +323,15 @@ async def test_failed_fetch_keeps_old_keys_and_counts_as_attempt(
 
 async def test_prefetch_reports_problems(clock: FakeClock) -> None:
     idp = Idp(b"nope")
-    config = auth_config(url_issuer(URL))
-    async with idp.client() as http:
-        auth = Authenticator(config, load_key_set(config, {}), http=http, clock=clock)
+    async with _url_auth(idp, clock, url_issuer(URL)) as auth:
         assert await auth.prefetch() == ["issuer https://idp.test: not valid JSON"]
 
 
 async def test_swap_keeps_fetched_url_keys(clock: FakeClock, policies: PolicySet) -> None:
     idp = Idp()
-    config = auth_config(url_issuer(URL))
-    async with idp.client() as http:
-        auth = Authenticator(config, load_key_set(config, {}), http=http, clock=clock)
+    async with _url_auth(idp, clock, url_issuer(URL)) as auth:
         await auth.prefetch()
-        auth.swap(load_key_set(config, {}))
+        auth.swap(load_key_set(auth_config(url_issuer(URL)), {}))
         clock.advance(0.1)
         await _auth_ok(auth, policies, sign_rs256(make_claims(now=clock.now)))
         assert len(idp.requests) == 1

@@ -9,8 +9,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ from gateway import cli
 from gateway.evidence.samples import SAMPLES, build_wav
 from gateway.harness import SIM_ROUTE
 from gateway.simulator import SimRequest
+from tests.support.poll import eventually
 from tests.support.stack import Stack, chat_body, running_stack, sse_data
 
 PNG = SAMPLES["tiny.png"]()
@@ -119,15 +118,6 @@ def decoded(url: str) -> tuple[str, bytes]:
 def files_in(stack: Stack) -> set[str]:
     directory = Path(stack.runtime.config.staging.dir)
     return {p.name for p in directory.iterdir() if not p.name.startswith(".")}
-
-
-def eventually(predicate: Callable[[], bool], timeout_s: float = 5) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
 
 
 def no_leases(stack: Stack) -> bool:

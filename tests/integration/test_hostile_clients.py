@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tests.support import rawhttp
+from tests.support.poll import eventually
 from tests.support.stack import Stack, chat_body, running_stack
 
 HEADER_TIMEOUT_S = 0.5
@@ -46,6 +47,16 @@ def hostile(tmp_path: Path, _dev_secret: None) -> Iterator[Stack]:
 
 def _port(stack: Stack) -> int:
     return int(stack.url.rsplit(":", 1)[1])
+
+
+def _exchange(stack: Stack, raw: bytes) -> rawhttp.Response:
+    """Send bytes on a fresh connection; the one response (and whether it closed)."""
+    sock = rawhttp.connect(_port(stack))
+    try:
+        sock.sendall(raw)
+        return rawhttp.read_response(sock)
+    finally:
+        sock.close()
 
 
 def _inference_requests(stack: Stack) -> list[Any]:
@@ -158,14 +169,9 @@ def test_unread_body_after_a_refusal_is_not_drained_forever(hostile: Stack) -> N
 
 
 def test_oversized_header_gets_431(hostile: Stack) -> None:
-    sock = rawhttp.connect(_port(hostile))
-    try:
-        sock.sendall(
-            rawhttp.request("GET", "/livez", headers=[("x-big", "b" * (MAX_HEADER_BYTES + 1))])
-        )
-        response = rawhttp.read_response(sock)
-    finally:
-        sock.close()
+    response = _exchange(
+        hostile, rawhttp.request("GET", "/livez", headers=[("x-big", "b" * (MAX_HEADER_BYTES + 1))])
+    )
     assert response.status == 431
     assert response.error_code() == "headers_too_large"
     assert response.closed
@@ -206,18 +212,14 @@ def test_endless_header_is_cut_before_it_ends(hostile: Stack) -> None:
 
 
 def test_crlf_in_request_id_cannot_inject_a_response_header(hostile: Stack) -> None:
-    sock = rawhttp.connect(_port(hostile))
-    try:
-        sock.sendall(
-            rawhttp.request(
-                "GET",
-                "/livez",
-                headers=[("x-request-id", "abc\r\nset-cookie: stolen=1")],
-            )
-        )
-        response = rawhttp.read_response(sock)
-    finally:
-        sock.close()
+    response = _exchange(
+        hostile,
+        rawhttp.request(
+            "GET",
+            "/livez",
+            headers=[("x-request-id", "abc\r\nset-cookie: stolen=1")],
+        ),
+    )
     assert response.status == 200
     assert response.header("set-cookie") is None
     assert response.header("x-request-id") == "abc"
@@ -229,12 +231,9 @@ def test_crlf_in_request_id_cannot_inject_a_response_header(hostile: Stack) -> N
     ids=["bare-cr", "space", "too-long", "nul", "non-ascii"],
 )
 def test_odd_request_ids_are_replaced_or_refused(hostile: Stack, value: str) -> None:
-    sock = rawhttp.connect(_port(hostile))
-    try:
-        sock.sendall(rawhttp.request("GET", "/livez", headers=[("x-request-id", value)]))
-        response = rawhttp.read_response(sock)
-    finally:
-        sock.close()
+    response = _exchange(
+        hostile, rawhttp.request("GET", "/livez", headers=[("x-request-id", value)])
+    )
     if response.status == 400:  # the parser refused the header outright
         assert response.error_code() == "invalid_request"
         assert response.closed
@@ -245,35 +244,28 @@ def test_odd_request_ids_are_replaced_or_refused(hostile: Stack, value: str) -> 
 
 
 def test_folded_header_line_is_refused(hostile: Stack) -> None:
-    sock = rawhttp.connect(_port(hostile))
-    try:
-        sock.sendall(b"GET /livez HTTP/1.1\r\nhost: 127.0.0.1\r\nx-request-id: a\r\n b\r\n\r\n")
-        response = rawhttp.read_response(sock)
-    finally:
-        sock.close()
+    response = _exchange(
+        hostile, b"GET /livez HTTP/1.1\r\nhost: 127.0.0.1\r\nx-request-id: a\r\n b\r\n\r\n"
+    )
     assert response.status == 400
     assert response.error_code() == "invalid_request"
 
 
 def test_duplicate_authorization_in_raw_casing_is_refused(hostile: Stack) -> None:
     token = hostile.rs256()
-    sock = rawhttp.connect(_port(hostile))
-    try:
-        sock.sendall(
-            rawhttp.request(
-                "POST",
-                "/v1/chat/completions",
-                headers=[
-                    ("Authorization", f"Bearer {token}"),
-                    ("authorization", "Bearer sk-other"),
-                    ("content-type", "application/json"),
-                ],
-                body=rawhttp.json_body(chat_body()),
-            )
-        )
-        response = rawhttp.read_response(sock)
-    finally:
-        sock.close()
+    response = _exchange(
+        hostile,
+        rawhttp.request(
+            "POST",
+            "/v1/chat/completions",
+            headers=[
+                ("Authorization", f"Bearer {token}"),
+                ("authorization", "Bearer sk-other"),
+                ("content-type", "application/json"),
+            ],
+            body=rawhttp.json_body(chat_body()),
+        ),
+    )
     assert response.status == 401
     assert token not in response.body.decode()
     assert _inference_requests(hostile) == []
@@ -315,44 +307,36 @@ _CHUNKED = b"%x\r\n%b\r\n0\r\n\r\n" % (len(_BODY), _BODY)
 def test_framing_tricks_are_refused(
     hostile: Stack, headers: list[tuple[str, str]], body: bytes
 ) -> None:
-    sock = rawhttp.connect(_port(hostile))
-    try:
-        sock.sendall(
-            rawhttp.request(
-                "POST",
-                "/v1/chat/completions",
-                headers=[_auth(hostile), ("content-type", "application/json"), *headers],
-                body=body,
-                content_length=False,
-            )
-        )
-        response = rawhttp.read_response(sock)
-    finally:
-        sock.close()
+    response = _exchange(
+        hostile,
+        rawhttp.request(
+            "POST",
+            "/v1/chat/completions",
+            headers=[_auth(hostile), ("content-type", "application/json"), *headers],
+            body=body,
+            content_length=False,
+        ),
+    )
     assert response.status == 400
     assert response.error_code() == "invalid_request"
     assert _inference_requests(hostile) == []
 
 
 def test_plain_chunked_body_is_fine(hostile: Stack) -> None:
-    sock = rawhttp.connect(_port(hostile))
-    try:
-        sock.sendall(
-            rawhttp.request(
-                "POST",
-                "/v1/chat/completions",
-                headers=[
-                    _auth(hostile),
-                    ("content-type", "application/json"),
-                    ("transfer-encoding", "chunked"),
-                ],
-                body=_CHUNKED,
-                content_length=False,
-            )
-        )
-        response = rawhttp.read_response(sock)
-    finally:
-        sock.close()
+    response = _exchange(
+        hostile,
+        rawhttp.request(
+            "POST",
+            "/v1/chat/completions",
+            headers=[
+                _auth(hostile),
+                ("content-type", "application/json"),
+                ("transfer-encoding", "chunked"),
+            ],
+            body=_CHUNKED,
+            content_length=False,
+        ),
+    )
     assert response.status == 200
 
 
@@ -370,12 +354,7 @@ def test_plain_chunked_body_is_fine(hostile: Stack) -> None:
     ids=["http10", "http10-keepalive", "http09", "h2-preface", "h2c-upgrade", "connect", "tls"],
 )
 def test_other_protocols_are_refused(hostile: Stack, raw: bytes) -> None:
-    sock = rawhttp.connect(_port(hostile))
-    try:
-        sock.sendall(raw)
-        response = rawhttp.read_response(sock)
-    finally:
-        sock.close()
+    response = _exchange(hostile, raw)
     assert response.status in (400, 505)
     if response.status == 505:
         assert response.error_code() == "http_version_not_supported"
@@ -434,7 +413,7 @@ def test_caller_that_stops_reading_holds_bounded_memory_and_is_cut(hostile: Stac
         return found
 
     # The gateway freed the worker (the simulator saw the connection drop) ...
-    assert _wait(lambda: stalled().disconnected_at is not None)
+    assert eventually(lambda: stalled().disconnected_at is not None)
     # ... which by then could not have written its whole stream: backpressure.
     assert 1 << 20 < stalled().bytes_sent < _BIG_STREAM_BYTES * 0.8
     # Everything in this process (gateway, simulator, client) stayed far below the stream.
@@ -473,15 +452,6 @@ def test_very_slow_reader_is_cut_by_the_total_limit(hostile: Stack) -> None:
     assert "caller_stalled" in receipt["cancellation"]
     assert receipt["duration_ms"] < 6000
     assert received < _BIG_STREAM_BYTES / 4
-
-
-def _wait(predicate: Any, timeout_s: float = 5) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def test_gateway_is_whole_after_the_hostile_run(hostile: Stack) -> None:

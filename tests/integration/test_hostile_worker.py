@@ -9,7 +9,6 @@ the pool's hygiene.
 
 from __future__ import annotations
 
-import time
 import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ from gateway.errors import GatewayError
 from gateway.harness import SIM_ROUTE
 from gateway.simulator import Simulator
 from gateway.upstream import Upstream
+from tests.support.poll import eventually
 from tests.support.stack import Stack, chat_body, running_stack
 
 
@@ -95,7 +95,7 @@ def test_endless_line_is_cut_at_the_line_bound(small_lines: Stack, stream: bool)
     assert response.status_code == 502
     assert response.json()["error"]["code"] == "upstream_protocol_error"
     # The worker stopped writing: the gateway hung up (requests() are snapshots) ...
-    assert _wait(lambda: _posted(small_lines)[0].finished_at is not None)
+    assert eventually(lambda: _posted(small_lines)[0].finished_at is not None)
     # ... having got out only what the kernel buffers held, not its 512 MiB.
     assert 65_536 < _posted(small_lines)[0].bytes_sent < 64 << 20
     assert peak < 16 << 20, f"peak traced memory {peak / 1e6:.1f} MB"
@@ -115,12 +115,3 @@ def test_bad_heads_are_refused_without_reading_the_body(small_lines: Stack, faul
 
 def _posted(stack: Stack) -> list[Any]:
     return [r for r in stack.sim.requests() if r.method == "POST"]
-
-
-def _wait(predicate: Callable[[], bool], timeout_s: float = 5) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return False
