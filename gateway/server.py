@@ -75,7 +75,7 @@ class GatewayServer(uvicorn.Server):
     async def startup(self, sockets: Any = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
-        _tune_gc()
+        tune_gc()
         if self.started:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 self._loop.add_signal_handler(signal.SIGHUP, self._spawn, self._reload)
@@ -109,7 +109,7 @@ class GatewayServer(uvicorn.Server):
         self.should_exit = True
 
 
-def _tune_gc() -> None:
+def tune_gc() -> None:
     """Fewer, cheaper cyclic-GC passes once the app has started.
 
     Measured (bench ``slow``: 512 streams opened at once): with CPython's

@@ -26,14 +26,17 @@ import os
 import random
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from gateway.evidence.samples import SAMPLES
 from gateway.harness import SIM_ROUTE
+from gateway.server import tune_gc
 from gateway.simulator import Simulator
 from tests.support.stack import Stack, chat_body, running_stack, sse_data
 
@@ -463,7 +466,19 @@ def warm_up(soak: Soak) -> None:
     soak.outcomes.extend(asyncio.run(run_round(soak, 2 * CONCURRENCY, with_outage=False)))
 
 
-def test_chaos_soak(tmp_path: Path) -> None:
+@pytest.fixture
+def served_gc() -> Iterator[None]:
+    """The collector tuned as `serve` tunes it, so the memory checks cover that setting."""
+    thresholds = gc.get_threshold()
+    tune_gc()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
+
+
+def test_chaos_soak(tmp_path: Path, served_gc: None) -> None:
     started = time.monotonic()
     with running_stack(
         tmp_path,

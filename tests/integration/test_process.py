@@ -34,6 +34,7 @@ from gateway.auth import mint_dev_token
 from gateway.harness import DEMO_SECRET_ENV, SIM_ROUTE, read_receipts, write_config
 from gateway.loader import load_config
 from gateway.simulator import Simulator
+from tests.support import rawhttp
 from tests.support.jwt import (
     HS_SECRET,
     JWKS_PATH,
@@ -558,3 +559,46 @@ def test_drain_cut_stream_logs_its_error_code(tmp_path: Path) -> None:
     assert [(e["outcome"], e["error_code"]) for e in lines] == [
         ("incomplete", "upstream_unavailable")
     ]
+
+
+def test_drain_ends_a_request_still_sending_its_body(tmp_path: Path) -> None:
+    """A caller trickling its body does not hold the drain past the grace."""
+    with sim_running() as sim:
+        listen = _listen(shutdown_grace_s=0.3, body_timeout_s=60)
+        config = _config(tmp_path, sim, listen=listen)
+        with serve(config, tmp_path) as gw, httpx.Client(base_url=gw.url) as client:
+            wait_ready(client)
+            body = orjson.dumps(chat_body())
+            port = int(gw.url.rsplit(":", 1)[1])
+            sock = rawhttp.connect(port)
+            try:
+                sock.sendall(
+                    rawhttp.request(
+                        "POST",
+                        "/v1/chat/completions",
+                        headers=[
+                            ("authorization", f"Bearer {gw.dev_token()}"),
+                            ("content-type", "application/json"),
+                            ("content-length", str(len(body))),
+                            ("x-request-id", "drain-body"),
+                        ],
+                        content_length=False,
+                    )
+                    + body[:5]
+                )
+                # Its head was in before this answer left (one event loop, in
+                # order): by now the request is waiting for the rest of its body.
+                assert client.get("/livez").status_code == 200
+                sigterm_at = time.monotonic()
+                gw.signal(signal.SIGTERM)
+                response = rawhttp.read_response(sock, timeout_s=10)
+            finally:
+                sock.close()
+            assert gw.proc.wait(10) == 0
+            exited_at = time.monotonic()
+    assert response.status == 502
+    assert response.error_code() == "upstream_unavailable"
+    assert exited_at - sigterm_at < 8  # the body timeout (60 s) did not decide it
+    receipt = {r["request_id"]: r for r in read_receipts(gw.receipts_path())}["drain-body"]
+    assert (receipt["outcome"], receipt["error_code"]) == ("incomplete", "upstream_unavailable")
+    assert inference_requests(sim) == 0
