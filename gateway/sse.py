@@ -211,6 +211,15 @@ class SSEValidator:
         return self._bytes_received
 
     @property
+    def pending_bytes(self) -> int:
+        """Bytes held for a line or an event not yet complete.
+
+        Once :meth:`next_event` has returned :data:`NEED_DATA` this is at most
+        ``max_line_bytes + max_event_bytes``, whatever the worker sent.
+        """
+        return len(self._buf) - self._pos + self._event_bytes
+
+    @property
     def text_bytes(self) -> int:
         return self._text_bytes
 

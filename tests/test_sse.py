@@ -568,41 +568,4 @@ def test_rules_refuse_nonsense(bad: dict[str, Any]) -> None:
         StreamRules(**bad)
 
 
-# -- fuzz: never anything but events or GatewayError ----------------------------
-
-
-@settings(max_examples=150, deadline=None)
-@given(
-    data=st.binary(max_size=512),
-    kind=st.sampled_from(["chat", "completion"]),
-    loader=st.sampled_from(sorted(LOADERS)),
-)
-def test_fuzz_random_bytes(data: bytes, kind: str, loader: str) -> None:
-    rules = StreamRules("chat" if kind == "chat" else "completion", loads=LOADERS[loader])
-    replay(data, rules, cut(data, range(7, len(data), 7)))
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    name=st.sampled_from(VALID),
-    edits=st.lists(
-        st.tuples(st.integers(0, 1 << 16), st.sampled_from("dir"), st.binary(max_size=3)),
-        min_size=1,
-        max_size=4,
-    ),
-    loader=st.sampled_from(sorted(LOADERS)),
-)
-def test_fuzz_mutated_fixtures(name: str, edits: list[tuple[int, str, bytes]], loader: str) -> None:
-    data = bytearray(fixture(name))
-    for where, op, blob in edits:
-        at = where % (len(data) + 1)
-        if op == "d":
-            del data[at : at + max(1, len(blob))]
-        elif op == "i":
-            data[at:at] = blob
-        else:
-            data[at : at + len(blob)] = blob
-    mutated = bytes(data)
-    rules = rules_for(name, LOADERS[loader])
-    whole = replay(mutated, rules)
-    assert replay(mutated, rules, cut(mutated, range(5, len(mutated), 5))).outcome == whole.outcome
+# Fuzzing (random and mutated bytes, split anywhere, bounded memory): tests/fuzz/test_sse_fuzz.py
