@@ -1305,13 +1305,20 @@ class Simulator:
             await server.serve_forever()
         finally:
             server.close()
-            for conn in list(core.connections):
-                conn.shutdown()
-            tasks = list(core.tasks)
-            for task in tasks:
-                task.cancel()
-            if tasks:
-                await asyncio.wait(tasks, timeout=5)
+            # A connection accepted just before the close gets connection_made,
+            # and its request task, a loop turn or two later: sweep until a
+            # turn finds nothing new (bounded).
+            for _ in range(20):
+                await asyncio.sleep(0)
+                conns, tasks = list(core.connections), list(core.tasks)
+                for conn in conns:
+                    conn.shutdown()
+                for task in tasks:
+                    task.cancel()
+                if tasks:
+                    await asyncio.wait(tasks, timeout=5)
+                if not conns and not tasks:
+                    break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(server.wait_closed(), 5)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import gzip
 import json
 import re
@@ -10,6 +11,7 @@ import select
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -600,6 +602,44 @@ def test_fault_produces_its_bytes(sim: Simulator, fault: str) -> None:
     assert FAULT_CHECKS[fault](raw), raw
     if fault == "endless_line":
         assert sim.wait_for(lambda: sim.active_streams == 0, 2)  # stops when the client goes
+
+
+def _stop_under_load(request: bytes) -> bool:
+    """Start, load with streaming requests from six threads, stop; True if the loop ended."""
+    sim = Simulator()
+    sim.start()
+    stop = threading.Event()
+    held: list[socket.socket] = []
+
+    def hammer() -> None:
+        deadline = time.monotonic() + 5
+        while not stop.is_set() and time.monotonic() < deadline:
+            try:
+                sock = socket.create_connection(("127.0.0.1", sim.port), timeout=1)
+                sock.sendall(request)
+                held.append(sock)
+            except OSError:
+                pass
+
+    threads = [threading.Thread(target=hammer, daemon=True) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    assert sim.wait_for(lambda: sim.active_streams >= 20, 5)
+    sim.stop()
+    stop.set()
+    for thread in threads:
+        thread.join(5)
+    for sock in held:
+        sock.close()
+    return sim._thread is not None and not sim._thread.is_alive()
+
+
+def test_stop_under_load_leaves_nothing_running(caplog: pytest.LogCaptureFixture) -> None:
+    """Connections accepted just before the stop are shut down too (no orphaned task)."""
+    request = http_request(CHAT, chat("[[sim chunks=50 delay_ms=20]]"))
+    assert all(_stop_under_load(request) for _ in range(3))
+    gc.collect()
+    assert "Task was destroyed" not in caplog.text
 
 
 # ---------------------------------------------------------------------- CLI

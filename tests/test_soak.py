@@ -325,9 +325,8 @@ async def outage(soak: Soak, gate: asyncio.Semaphore, at_s: float) -> None:
     """Stop the worker (connection refused), then start a new one on the same port.
 
     The stop waits for a quiet moment (every caller slot held, so no request is
-    mid-flight): ``Simulator.stop()`` under load can leave a just-accepted
-    connection behind and fail to close its loop (EBUSY, see the report).
-    Worker connections dying mid-stream are covered by the ``close_mid`` fault.
+    mid-flight), so that every caller's expected outcome stays known; worker
+    connections dying mid-stream are covered by the ``close_mid`` fault.
     """
     await asyncio.sleep(at_s)
     stack = soak.stack
