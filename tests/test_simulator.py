@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import gzip
 import json
@@ -616,10 +617,11 @@ def _stop_under_load(request: bytes) -> bool:
         while not stop.is_set() and time.monotonic() < deadline:
             try:
                 sock = socket.create_connection(("127.0.0.1", sim.port), timeout=1)
-                sock.sendall(request)
-                held.append(sock)
             except OSError:
-                pass
+                continue
+            held.append(sock)  # closed by the test, whether or not the send got through
+            with contextlib.suppress(OSError):
+                sock.sendall(request)
 
     threads = [threading.Thread(target=hammer, daemon=True) for _ in range(6)]
     for thread in threads:
