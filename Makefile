@@ -33,7 +33,7 @@ soak: setup
 	GATEWAY_SOAK=long $(BIN)/pytest -q -p no:cacheprovider tests/test_soak.py -s
 
 fuzz: setup
-	GATEWAY_FUZZ=long $(BIN)/pytest -q -p no:cacheprovider -m fuzz -s
+	GATEWAY_FUZZ=long $(BIN)/pytest -q -p no:cacheprovider -m fuzz -s --hypothesis-show-statistics
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis var
