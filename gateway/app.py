@@ -218,4 +218,7 @@ def create_app(loaded: Loaded) -> GatewayApp:
         lifespan=lifespan,
         exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
     )
+    # No 307 for a trailing slash: its Location would be built from the caller's
+    # Host header, and every route here has exactly one spelling.
+    router.router.redirect_slashes = False
     return GatewayApp(router, {chat.path: chat, completions.path: completions}, config.cors)

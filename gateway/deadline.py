@@ -66,14 +66,14 @@ class Deadline:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
-        task = self._task
-        # uncancel() only for our own cancel, and only a cancel that was ours
-        # alone becomes a TimeoutError (the caller's own cancel still wins).
+        task, self._task, self._loop = self._task, None, None  # moves after exit do nothing
+        # As asyncio.Timeout: our own cancel is always taken back; only when it
+        # was the only one does the block's CancelledError become a TimeoutError.
         if (
             self._expired
-            and exc_type is asyncio.CancelledError
             and task is not None
-            and task.uncancel() <= self._cancelling
+            and task.uncancel() <= self._cancelling  # evaluated whenever we expired
+            and exc_type is asyncio.CancelledError
         ):
             raise TimeoutError from exc
 

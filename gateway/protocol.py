@@ -4,15 +4,19 @@ a caller-facing server needs, which uvicorn does not apply with httptools.
 Theory of operation (each limit closes one way a caller can hold the gateway):
 
 - **Head deadline.** A request head must be complete within
-  ``listen.header_timeout_s`` of its first byte, or of the connection for the
-  first request (slowloris). A connection that sent nothing is closed
-  silently; one that sent part of a head gets 408 ``request_timeout``. Idle
-  kept-alive connections stay uvicorn's business (its keep-alive timeout).
+  ``listen.header_timeout_s`` of the first byte after the previous message
+  (blank lines included), or of the connection for the first request
+  (slowloris). A connection that sent nothing (or only blank lines) is closed
+  silently; one that sent part of a head gets 408 ``request_timeout``. While
+  an earlier request on the connection is still being answered, the next
+  head's deadline waits. Idle kept-alive connections stay uvicorn's business
+  (its keep-alive timeout, restarted after a drained body too).
 - **Head size.** At most ``listen.max_header_bytes`` of request line and
   headers, checked as parsed and, for a head still arriving, as bytes come in
   (httptools buffers a header value whole before reporting it, so an endless
-  header is counted by the bytes received; exact to within one read). Over
-  it: 431 ``headers_too_large``.
+  header is counted by the bytes received; exact to within one read). The
+  same cap bounds what a body may carry besides body bytes (chunk-size lines,
+  extensions, trailers). Over it: 431 ``headers_too_large``.
 - **HTTP/1.1 only.** HTTP/1.0 (and 0.9) would get a chunked SSE stream it
   cannot parse: 505 ``http_version_not_supported``. Upgrades (h2c,
   WebSocket) are refused with 400: nothing here speaks them.
@@ -22,15 +26,19 @@ Theory of operation (each limit closes one way a caller can hold the gateway):
   (A body the app does read has its own deadline, ``limits.read_body``.)
 - **Abort.** ``scope["extensions"]["gateway.abort"]`` closes the connection at
   once, for a caller that stopped reading its stream (see ``streaming.py``).
-- Refusals are OpenAI-shaped JSON with ``connection: close``; a refusal that
-  arrives while a response is already streaming just closes the connection.
-  None echoes what the caller sent.
+- Refusals are OpenAI-shaped JSON with ``connection: close``. A refusal for
+  a request's own body (bad framing, oversized trailers) answers it if the
+  app has not answered yet (the app's reply is then discarded). Otherwise,
+  while a request on the connection is unanswered or streaming, a refusal
+  (say, for a pipelined request behind it) resets the connection: a status
+  line then would answer the wrong request. None echoes what the caller sent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import socket
 import struct
@@ -59,10 +67,12 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._in_head = True
-        self._received = 0  # bytes received while a head was incomplete
+        self._in_body = False  # a head is complete, its message is not
+        self._begun = False  # a message has begun and its head is not complete
+        self._received = 0  # bytes received towards the next head
+        self._since_body = 0  # bytes received in a body since the last body bytes
         self._head_size = 0  # request line and headers as parsed
-        self._message_done = False
+        self._message_done = True
         self._timer: asyncio.TimerHandle | None = None
         self._linger: asyncio.TimerHandle | None = None
         self._refusal: str | None = None
@@ -81,15 +91,29 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
-        if self._in_head:
+        if self._in_body:
+            self._since_body += len(data)
+        else:
+            # Between messages or inside a head. Counted before parsing: a read
+            # that also holds the end of a pipelined body is not counted (so
+            # the bound is exact to within one read).
             self._received += len(data)
+            if self._timer is None:
+                # Any byte after a message (a head, or only CRLFs) starts the
+                # clock for the next head; uvicorn's keep-alive timer stops here.
+                self._arm_head_timer()
         self._unset_keepalive_if_required()
         try:
             self.parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade):
             self._refuse(self._refusal or "invalid_request")
             return
-        if self._in_head and self._received > self.max_header_bytes:
+        if self._in_body:
+            # Bytes in a body that are not body bytes: chunk-size lines,
+            # extensions and trailers, which httptools buffers whole.
+            if self._since_body > self.max_header_bytes:
+                self._refuse("headers_too_large")
+        elif self._received > self.max_header_bytes:
             self._refuse("headers_too_large")
 
     def on_response_complete(self) -> None:
@@ -101,7 +125,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._in_head, self._head_size, self._message_done = True, 0, False
+        self._begun, self._head_size, self._message_done = True, 0, False
         if self._timer is None:
             self._arm_head_timer()
 
@@ -114,8 +138,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
-        self._in_head = False
-        self._received = 0
+        self._in_body, self._begun = True, False
+        self._received = self._since_body = 0
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -123,17 +147,36 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self._stop("http_version_not_supported")
         if self.parser.should_upgrade():
             self._stop("invalid_request")
-        # The scope dict is the one uvicorn hands the app.
-        scope = cast(dict[str, Any], self.scope)
-        scope.setdefault("extensions", {})[ABORT_EXTENSION] = self._abort
         super().on_headers_complete()
+        # This request's own cycle (a pipelined one may follow before it ends);
+        # the app's task starts on a later loop turn, after this is in place.
+        scope = cast(dict[str, Any], self.scope)
+        scope.setdefault("extensions", {})[ABORT_EXTENSION] = functools.partial(
+            self._abort, self.cycle
+        )
+
+    def on_body(self, body: bytes) -> None:
+        self._since_body = 0
+        super().on_body(body)
 
     def on_message_complete(self) -> None:
-        self._message_done = True
+        self._in_body, self._message_done = False, True
         if self._linger is not None:
             self._linger.cancel()
             self._linger = None
         super().on_message_complete()
+        cycle = self.cycle
+        if (
+            cycle is not None
+            and cycle.response_complete
+            and self.timeout_keep_alive_task is None
+            and not self.transport.is_closing()
+        ):
+            # The response went out before the body ended (a refusal) and the
+            # body's bytes stopped uvicorn's keep-alive timer: start it again.
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
 
     # ------------------------------------------------------------ helpers
 
@@ -147,34 +190,46 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         raise _Refused(code)
 
     def _arm_head_timer(self) -> None:
-        self._received = 0
         self._timer = self.loop.call_later(self.header_timeout_s, self._head_timed_out)
 
     def _head_timed_out(self) -> None:
         self._timer = None
-        if self.transport.is_closing() or not self._in_head:
+        if self.transport.is_closing() or self._in_body:
             return
-        if self._received == 0:
-            self._close()  # nothing asked, nothing to answer
-        else:
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            # The request before is still being answered (bounded by its own
+            # limits); the next head's deadline waits for it.
+            self._arm_head_timer()
+            return
+        if self._begun:
             self._refuse("request_timeout")
+        else:
+            self._close()  # nothing (or only blank lines) asked, nothing to answer
 
     def _refuse(self, code: str) -> None:
         self._refused = True
         self._cancel_timers()
         if self.transport.is_closing():
             return
-        log.info("connection refused: %s", code)
+        log.debug("connection refused: %s", code)
         cycle = self.cycle
-        if cycle is not None and not cycle.response_complete and cycle.response_started:
-            self._abort()  # mid-response: a second status line would corrupt the stream
-            return
+        if cycle is not None and not cycle.response_complete:
+            if not (self._in_body and not cycle.response_started):
+                # The fault is a pipelined request's, or this response is
+                # already under way: a status line now would answer the wrong
+                # request or corrupt this one. Drop the connection instead.
+                self._abort(cycle)
+                return
+            # This request's own body is at fault and nothing has been answered:
+            # answer it here; the app's own reply is discarded.
+            cycle.disconnected = True
+            cycle.message_event.set()
         self.transport.write(refusal_bytes(code))
         self.transport.close()
 
-    def _abort(self) -> None:
-        """Drop the connection now; the app's further sends are discarded."""
-        cycle = self.cycle
+    def _abort(self, cycle: Any = None) -> None:
+        """Drop the connection now; ``cycle``'s further sends are discarded."""
         if cycle is not None:
             # As uvicorn's connection_lost does, but now: the app may return
             # before the transport reports the loss.

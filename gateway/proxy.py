@@ -56,6 +56,8 @@ from gateway.runtime import Exchange, Runtime
 from gateway.sse import SSEValidator, StreamRules
 from gateway.streaming import CallerStalled, Relay, Timeouts, assemble, error_event
 
+#: how long a final message may wait for a caller that stopped reading
+_LAST_WORDS_S = 1.0
 _PATHS = {"chat.completions": "/v1/chat/completions", "completions": "/v1/completions"}
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -78,6 +80,9 @@ class _Held:
     staged: list[tuple[Tenant, str]] = field(default_factory=list)
     relay: Relay | None = None
     plan: RequestPlan | None = None
+    #: the thread resolving media (leases, staging): waited for even when the
+    #: request is cancelled, so that what it takes is given back
+    resolving: asyncio.Future[list[ResolvedMedia]] | None = None
 
 
 class InferenceEndpoint:
@@ -106,7 +111,7 @@ class InferenceEndpoint:
             serve_identity=rt.serve_identity,
             created=time.time(),
         )
-        exchange = Exchange(info.request_id)
+        exchange = Exchange(info.request_id, abort=scope.get("extensions", {}).get(ABORT_EXTENSION))
         held = _Held()
         rt.inflight.add(exchange)
         try:
@@ -114,21 +119,23 @@ class InferenceEndpoint:
             # its grace ends the request wherever it is.
             async with asyncio.timeout(None) as cancel_scope:
                 exchange.scope = cancel_scope
-                await self._serve(
-                    rt, scope, receive, send, tenant, principal, receipt, exchange, held
-                )
+                try:
+                    await self._serve(
+                        rt, scope, receive, send, tenant, principal, receipt, exchange, held
+                    )
+                finally:
+                    exchange.scope = None  # no cancel can reach an exited scope
         except TimeoutError:
             if not cancel_scope.expired():
                 receipt.outcome, receipt.error_code = "incomplete", "internal_error"
                 raise
             if exchange.shutdown and not exchange.disconnected:
-                await self._end_for_shutdown(send, receipt, held, info)
+                await self._end_for_shutdown(send, receipt, held, info, exchange)
         except Exception:
             # A bug: the app answers 500; the receipt says what is known.
             receipt.outcome, receipt.error_code = "incomplete", "internal_error"
             raise
         finally:
-            exchange.scope = None
             await self._finish(rt, info, receipt, exchange, held)
 
     async def _serve(
@@ -173,7 +180,7 @@ class InferenceEndpoint:
 
         watcher = asyncio.create_task(_watch_disconnect(receive, exchange))
         try:
-            await self._exchange(rt, send, tenant, plan, receipt, held, info)
+            await self._exchange(rt, send, tenant, plan, receipt, held, info, exchange)
         except GatewayError as exc:
             receipt.outcome = exc.outcome
             receipt.error_code = exc.code
@@ -184,9 +191,7 @@ class InferenceEndpoint:
                 info.error_code = exc.code
         except CallerStalled:
             exchange.stalled = True
-            abort = scope.get("extensions", {}).get(ABORT_EXTENSION)
-            if abort is not None:
-                abort()
+            exchange.drop_connection()
         finally:
             watcher.cancel()
 
@@ -199,6 +204,7 @@ class InferenceEndpoint:
         receipt: Receipt,
         held: _Held,
         info: RequestInfo,
+        exchange: Exchange,
     ) -> None:
         limits = tenant.limits
         held.reservation = rt.ratelimit.reserve(
@@ -260,6 +266,7 @@ class InferenceEndpoint:
                 (b"x-request-id", info.request_id.encode()),
                 *info.extra_headers,
             ],
+            abort=exchange.drop_connection,
         )
 
         def opener() -> Any:
@@ -329,17 +336,16 @@ class InferenceEndpoint:
                 )
             return out
 
-        resolved = await anyio.to_thread.run_sync(resolve)
+        held.resolving = asyncio.get_running_loop().run_in_executor(None, resolve)
+        # Shielded: a cancel (disconnect, drain) must not leave the thread's
+        # leases and staged files unowned; _finish waits for it.
+        resolved = await asyncio.shield(held.resolving)
         rt.metrics.leases_active.set(evidence.active_leases())
-        receipt.artifacts = [
-            {"evidence_id": m.evidence_id, "sha256": m.sha256, "media_type": m.media_type}
-            for m in resolved
-        ]
-        receipt.locator_sha256 = [m.locator_sha256 for m in resolved]
+        _record_artifacts(receipt, resolved)
         return resolved
 
     async def _end_for_shutdown(
-        self, send: Send, receipt: Receipt, held: _Held, info: RequestInfo
+        self, send: Send, receipt: Receipt, held: _Held, info: RequestInfo, exchange: Exchange
     ) -> None:
         """Past the drain grace: end the request with upstream_unavailable (spec §11)."""
         exc = GatewayError("upstream_unavailable")
@@ -348,11 +354,16 @@ class InferenceEndpoint:
         relay = held.relay
         if relay is not None and relay.state.finished:
             return
-        if relay is not None and relay.state.headers_sent:
-            relay.state.finished = True
-            await send({"type": "http.response.body", "body": error_event(exc)})
-        else:
-            await send_error(send, exc, info)
+        try:
+            # A caller that stopped reading must not hold the drain.
+            async with asyncio.timeout(_LAST_WORDS_S):
+                if relay is not None and relay.state.headers_sent:
+                    relay.state.finished = True
+                    await send({"type": "http.response.body", "body": error_event(exc)})
+                else:
+                    await send_error(send, exc, info)
+        except TimeoutError:
+            exchange.drop_connection()
 
     async def _finish(
         self,
@@ -368,6 +379,16 @@ class InferenceEndpoint:
         a thread), which comes last: a cancellation of the request task (the
         server's own shutdown) cannot cost a permit, a receipt or a count.
         """
+        resolving = held.resolving
+        if resolving is not None:
+            if not resolving.done():
+                await asyncio.wait({resolving})
+            if (
+                not resolving.cancelled()
+                and resolving.exception() is None
+                and not receipt.artifacts
+            ):
+                _record_artifacts(receipt, resolving.result())
         try:
             self._settle(rt, info, receipt, exchange, held)
         finally:
@@ -430,6 +451,14 @@ class InferenceEndpoint:
             )
         if receipt.error_code is not None:
             metrics.child(metrics.rejections, tenant, receipt.error_code).inc()
+
+
+def _record_artifacts(receipt: Receipt, resolved: list[ResolvedMedia]) -> None:
+    receipt.artifacts = [
+        {"evidence_id": m.evidence_id, "sha256": m.sha256, "media_type": m.media_type}
+        for m in resolved
+    ]
+    receipt.locator_sha256 = [m.locator_sha256 for m in resolved]
 
 
 def _release_evidence(rt: Runtime, lease_key: str, staged: list[tuple[Tenant, str]]) -> None:

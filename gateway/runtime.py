@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -40,6 +41,8 @@ class Exchange:
     """One in-flight inference request, as seen by drain and disconnect handling."""
 
     request_id: str
+    #: the listener's "drop this connection now" (gateway.protocol), if served by it
+    abort: Callable[[], None] | None = None
     #: the request's cancel scope (an asyncio timeout with no deadline until cancel)
     scope: asyncio.Timeout | None = None
     disconnected: bool = False
@@ -47,6 +50,11 @@ class Exchange:
     stalled: bool = False
     shutdown: bool = False
     done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def drop_connection(self) -> None:
+        """For a caller that no longer reads: reset its connection."""
+        if self.abort is not None:
+            self.abort()
 
     def cancel(self, *, shutdown: bool = False) -> None:
         if shutdown:

@@ -95,12 +95,14 @@ class Relay:
         include_usage: bool,
         timeouts: Timeouts,
         response_headers: list[tuple[bytes, bytes]],
+        abort: Callable[[], None] | None = None,
     ) -> None:
         self.validator = validator
         self.alias = alias
         self.include_usage = include_usage
         self.timeouts = timeouts
         self.response_headers = response_headers
+        self.abort = abort
         self.state = StreamState()
         self.upstream: UpstreamStream | None = None
         self._sending = False
@@ -119,7 +121,8 @@ class Relay:
                 async with asyncio.timeout(self.timeouts.idle_s):
                     await send({"type": "http.response.body", "body": error_event(exc)})
             except TimeoutError:
-                pass
+                if self.abort is not None:
+                    self.abort()
             raise
 
     async def collect(self, open_stream: Opener) -> None:

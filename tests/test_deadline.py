@@ -93,3 +93,25 @@ async def test_exception_inside_passes_through() -> None:
     with pytest.raises(ValueError):
         async with Deadline(loop.time() + 30):
             raise ValueError("boom")
+
+
+async def test_expiry_is_taken_back_even_when_the_block_raises_something_else() -> None:
+    loop = asyncio.get_running_loop()
+    with pytest.raises(ValueError):
+        async with Deadline(loop.time() + 0.01):
+            try:
+                await _forever()
+            except asyncio.CancelledError:
+                raise ValueError("converted") from None
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0
+
+
+async def test_moving_after_exit_does_nothing() -> None:
+    loop = asyncio.get_running_loop()
+    async with Deadline(loop.time() + 30) as deadline:
+        pass
+    deadline.move_to(loop.time() + 0.01)  # earlier than armed: would re-arm if still entered
+    await asyncio.sleep(0.05)  # not cancelled
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from gateway import cli
 from gateway.evidence.samples import SAMPLES, build_wav
 from gateway.harness import SIM_ROUTE
 from gateway.simulator import SimRequest
+from tests.support import rawhttp
 from tests.support.poll import eventually
 from tests.support.stack import Stack, chat_body, running_stack, sse_data
 
@@ -563,3 +565,47 @@ def test_inline_stage_policy_stages_data_urls(tmp_path: Path) -> None:
         assert error_code(http_url) == "caller_url_forbidden"
         assert len(inference(stack)) == 1
         assert no_leases(stack)
+
+
+def test_disconnect_while_media_resolves_still_gives_everything_back(tmp_path: Path) -> None:
+    """The caller leaves while the thread staging and leasing its media still runs:
+    the request waits for that thread, then releases its lease and staged file."""
+    acme = {"media": {"caller_urls": "reject", "inline_data": "stage"}}
+    with running_stack(tmp_path, acme=acme) as stack:
+        runtime = stack.runtime
+        entered, release = threading.Event(), threading.Event()
+        original = runtime.evidence.upload
+
+        def held_upload(*args: Any, **kwargs: Any) -> Any:
+            entered.set()
+            release.wait(5)
+            return original(*args, **kwargs)
+
+        runtime.evidence.upload = held_upload
+        inline = "data:image/png;base64," + base64.b64encode(PNG).decode()
+        body = json.dumps(multimodal(media_part("image", inline))).encode()
+        sock = rawhttp.connect(int(stack.url.rsplit(":", 1)[1]))
+        try:
+            sock.sendall(
+                rawhttp.request(
+                    "POST",
+                    "/v1/chat/completions",
+                    headers=[
+                        ("authorization", f"Bearer {stack.rs256()}"),
+                        ("content-type", "application/json"),
+                        ("x-request-id", "leaves-mid-resolve"),
+                    ],
+                    body=body,
+                )
+            )
+            assert entered.wait(5)
+        finally:
+            sock.close()
+        assert eventually(lambda: any(e.disconnected for e in runtime.inflight))
+        release.set()
+        receipt = stack.receipt("leaves-mid-resolve")
+        assert receipt["outcome"] == "canceled"
+        assert [a["sha256"] for a in receipt["artifacts"]] == [sha(PNG)]
+        assert eventually(lambda: no_leases(stack))
+        assert eventually(lambda: files_in(stack) == set())
+        assert inference(stack) == []

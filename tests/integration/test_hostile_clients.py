@@ -24,6 +24,7 @@ from tests.support.stack import Stack, chat_body, running_stack
 HEADER_TIMEOUT_S = 0.5
 BODY_TIMEOUT_S = 0.5
 MAX_HEADER_BYTES = 8192
+KEEP_ALIVE_S = 1
 
 
 @pytest.fixture
@@ -41,6 +42,7 @@ def hostile(tmp_path: Path, _dev_secret: None) -> Iterator[Stack]:
         },
         upstream={"idle_timeout_s": 1, "total_timeout_s": 4, "max_stream_bytes": 1 << 28},
         limits={"max_output_tokens": 8192},
+        server_options={"timeout_keep_alive": KEEP_ALIVE_S},
     ) as stack:
         yield stack
 
@@ -206,6 +208,112 @@ def test_endless_header_is_cut_before_it_ends(hostile: Stack) -> None:
         sock.close()
     assert sent < 4 << 20
     assert _served(hostile)
+
+
+# ------------------------------------------------- kept-alive connections
+
+
+def _after_one_request(stack: Stack) -> Any:
+    """A connection that has had one complete request and response."""
+    sock = rawhttp.connect(_port(stack))
+    sock.sendall(rawhttp.request("GET", "/livez"))
+    first = rawhttp.read_response(sock, close_wait_s=0)
+    assert first.status == 200
+    return sock
+
+
+def test_next_head_on_a_kept_alive_connection_has_the_same_limits(hostile: Stack) -> None:
+    sock = _after_one_request(hostile)
+    try:
+        sock.sendall(b"GET /livez HTTP/1.1\r\nhost: 127.0.0.1\r\n")  # and no more
+        assert rawhttp.read_response(sock).status == 408
+    finally:
+        sock.close()
+    sock = _after_one_request(hostile)
+    try:
+        sock.sendall(b"GET /livez HTTP/1.1\r\nx-big: " + b"b" * (MAX_HEADER_BYTES * 4))
+        assert rawhttp.read_response(sock).status == 431
+    finally:
+        sock.close()
+
+
+def test_blank_lines_do_not_keep_a_connection_open(hostile: Stack) -> None:
+    sock = _after_one_request(hostile)
+    started = time.monotonic()
+    try:
+        # CRLFs between requests are skipped by the parser; each used to reset
+        # the keep-alive timer. Now the first one starts the head deadline.
+        closed = False
+        while not closed and time.monotonic() - started < 8:
+            try:
+                sock.sendall(b"\r\n")
+            except OSError:
+                break
+            closed = rawhttp.wait_closed(sock, 0.2)
+    finally:
+        sock.close()
+    assert time.monotonic() - started < HEADER_TIMEOUT_S + KEEP_ALIVE_S + 3
+
+
+def test_finishing_an_unread_body_then_idling_is_closed(hostile: Stack) -> None:
+    sock = rawhttp.connect(_port(hostile))
+    try:
+        head = rawhttp.request(
+            "POST",
+            "/v1/chat/completions",
+            headers=[("content-length", "100")],
+            content_length=False,
+        )
+        sock.sendall(head + b"x" * 10)
+        assert rawhttp.read_response(sock).status == 401
+        sock.sendall(b"x" * 90)  # the body ends; then the caller just sits there
+        assert rawhttp.wait_closed(sock, KEEP_ALIVE_S + 3)
+    finally:
+        sock.close()
+
+
+def test_endless_chunked_trailer_is_cut(hostile: Stack) -> None:
+    """Trailers (and chunk extensions) are buffered whole by the parser: capped too."""
+    sock = rawhttp.connect(_port(hostile))
+    sent = 0
+    try:
+        head = rawhttp.request(
+            "POST",
+            "/v1/chat/completions",
+            headers=[_auth(hostile), ("transfer-encoding", "chunked")],
+            content_length=False,
+        )
+        sock.sendall(head + b"2\r\n{}\r\n0\r\nx-trailer: ")
+        with pytest.raises(OSError):
+            while sent < 256 << 20:
+                sock.sendall(b"t" * 65536)
+                sent += 65536
+    finally:
+        sock.close()
+    assert sent < 32 << 20  # the cap is 8 KiB; the rest is what the kernel buffers held
+    assert _served(hostile)
+    assert hostile.runtime.admission.in_use == 0
+
+
+def test_pipelined_bad_head_never_answers_the_request_before_it(hostile: Stack) -> None:
+    """A refusal for request 2 must not go out as request 1's response."""
+    sock = rawhttp.connect(_port(hostile))
+    try:
+        first = _stream_request(hostile, "pipelined-1", "[[sim first_delay_ms=300 chunks=2]]")
+        sock.sendall(first + b"GET /livez HTTP/1.1\r\nx-big: " + b"b" * (MAX_HEADER_BYTES * 4))
+        received = b""
+        sock.settimeout(5)
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except (ConnectionError, TimeoutError):
+            pass
+    finally:
+        sock.close()
+    assert not received.startswith(b"HTTP/1.1 431")
+    assert not received or received.startswith(b"HTTP/1.1 200")
+    receipt = hostile.receipt("pipelined-1")
+    assert receipt["outcome"] in ("canceled", "complete")
 
 
 # --------------------------------------------------------- header tricks

@@ -58,8 +58,8 @@ def connect(port: int, *, rcvbuf: int | None = None) -> socket.socket:
     return sock
 
 
-def read_response(sock: socket.socket, timeout_s: float = 10) -> Response:
-    """One response; then whether the server closes the connection (briefly waited for)."""
+def read_response(sock: socket.socket, timeout_s: float = 10, close_wait_s: float = 2) -> Response:
+    """One response; then whether the server closes the connection (waited for briefly)."""
     parser = _Parser()
     deadline = time.monotonic() + timeout_s
     while not parser.done:
@@ -72,8 +72,8 @@ def read_response(sock: socket.socket, timeout_s: float = 10) -> Response:
             parser.response.closed = True
             break
         parser.parser.feed_data(data)
-    if not parser.response.closed:
-        parser.response.closed = wait_closed(sock, 2)
+    if not parser.response.closed and close_wait_s > 0:
+        parser.response.closed = wait_closed(sock, close_wait_s)
     return parser.response
 
 
