@@ -587,15 +587,8 @@ def test_disconnect_while_media_resolves_still_gives_everything_back(tmp_path: P
         sock = rawhttp.connect(int(stack.url.rsplit(":", 1)[1]))
         try:
             sock.sendall(
-                rawhttp.request(
-                    "POST",
-                    "/v1/chat/completions",
-                    headers=[
-                        ("authorization", f"Bearer {stack.rs256()}"),
-                        ("content-type", "application/json"),
-                        ("x-request-id", "leaves-mid-resolve"),
-                    ],
-                    body=body,
+                rawhttp.chat_post(
+                    stack.rs256(), [("x-request-id", "leaves-mid-resolve")], body=body
                 )
             )
             assert entered.wait(5)

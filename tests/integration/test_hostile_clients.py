@@ -65,10 +65,6 @@ def _inference_requests(stack: Stack) -> list[Any]:
     return [r for r in stack.sim.requests() if r.method == "POST"]
 
 
-def _auth(stack: Stack) -> tuple[str, str]:
-    return ("authorization", f"Bearer {stack.rs256()}")
-
-
 def _served(stack: Stack) -> bool:
     with stack.client(timeout=5) as client:
         return client.post("/v1/chat/completions", json=chat_body()).status_code == 200
@@ -124,15 +120,9 @@ def test_slow_body_gets_408_and_a_receipt(hostile: Stack) -> None:
     body = rawhttp.json_body(chat_body("hello"))
     sock = rawhttp.connect(_port(hostile))
     try:
-        head = rawhttp.request(
-            "POST",
-            "/v1/chat/completions",
-            headers=[
-                _auth(hostile),
-                ("content-type", "application/json"),
-                ("content-length", str(len(body))),
-                ("x-request-id", "slow-body-1"),
-            ],
+        head = rawhttp.chat_post(
+            hostile.rs256(),
+            [("content-length", str(len(body))), ("x-request-id", "slow-body-1")],
             content_length=False,
         )
         sock.sendall(head + body[:10])  # and never the rest
@@ -152,12 +142,8 @@ def test_slow_body_gets_408_and_a_receipt(hostile: Stack) -> None:
 def test_unread_body_after_a_refusal_is_not_drained_forever(hostile: Stack) -> None:
     sock = rawhttp.connect(_port(hostile))
     try:
-        head = rawhttp.request(
-            "POST",
-            "/v1/chat/completions",
-            headers=[("content-length", str(1 << 20))],  # no credentials: 401 at once
-            content_length=False,
-        )
+        # No credentials: 401 at once.
+        head = rawhttp.chat_post(None, [("content-length", str(1 << 20))], content_length=False)
         sock.sendall(head + b"{")
         response = rawhttp.read_response(sock, timeout_s=10)
         assert response.status == 401
@@ -258,12 +244,7 @@ def test_blank_lines_do_not_keep_a_connection_open(hostile: Stack) -> None:
 def test_finishing_an_unread_body_then_idling_is_closed(hostile: Stack) -> None:
     sock = rawhttp.connect(_port(hostile))
     try:
-        head = rawhttp.request(
-            "POST",
-            "/v1/chat/completions",
-            headers=[("content-length", "100")],
-            content_length=False,
-        )
+        head = rawhttp.chat_post(None, [("content-length", "100")], content_length=False)
         sock.sendall(head + b"x" * 10)
         assert rawhttp.read_response(sock).status == 401
         sock.sendall(b"x" * 90)  # the body ends; then the caller just sits there
@@ -277,11 +258,8 @@ def test_endless_chunked_trailer_is_cut(hostile: Stack) -> None:
     sock = rawhttp.connect(_port(hostile))
     sent = 0
     try:
-        head = rawhttp.request(
-            "POST",
-            "/v1/chat/completions",
-            headers=[_auth(hostile), ("transfer-encoding", "chunked")],
-            content_length=False,
+        head = rawhttp.chat_post(
+            hostile.rs256(), [("transfer-encoding", "chunked")], content_length=False
         )
         sock.sendall(head + b"2\r\n{}\r\n0\r\nx-trailer: ")
         with pytest.raises(OSError):
@@ -363,14 +341,9 @@ def test_duplicate_authorization_in_raw_casing_is_refused(hostile: Stack) -> Non
     token = hostile.rs256()
     response = _exchange(
         hostile,
-        rawhttp.request(
-            "POST",
-            "/v1/chat/completions",
-            headers=[
-                ("Authorization", f"Bearer {token}"),
-                ("authorization", "Bearer sk-other"),
-                ("content-type", "application/json"),
-            ],
+        rawhttp.chat_post(
+            None,
+            [("Authorization", f"Bearer {token}"), ("authorization", "Bearer sk-other")],
             body=rawhttp.json_body(chat_body()),
         ),
     )
@@ -417,13 +390,7 @@ def test_framing_tricks_are_refused(
 ) -> None:
     response = _exchange(
         hostile,
-        rawhttp.request(
-            "POST",
-            "/v1/chat/completions",
-            headers=[_auth(hostile), ("content-type", "application/json"), *headers],
-            body=body,
-            content_length=False,
-        ),
+        rawhttp.chat_post(hostile.rs256(), headers, body=body, content_length=False),
     )
     assert response.status == 400
     assert response.error_code() == "invalid_request"
@@ -433,16 +400,8 @@ def test_framing_tricks_are_refused(
 def test_plain_chunked_body_is_fine(hostile: Stack) -> None:
     response = _exchange(
         hostile,
-        rawhttp.request(
-            "POST",
-            "/v1/chat/completions",
-            headers=[
-                _auth(hostile),
-                ("content-type", "application/json"),
-                ("transfer-encoding", "chunked"),
-            ],
-            body=_CHUNKED,
-            content_length=False,
+        rawhttp.chat_post(
+            hostile.rs256(), [("transfer-encoding", "chunked")], body=_CHUNKED, content_length=False
         ),
     )
     assert response.status == 200
@@ -476,14 +435,9 @@ def test_other_protocols_are_refused(hostile: Stack, raw: bytes) -> None:
 
 
 def _stream_request(stack: Stack, request_id: str, directive: str) -> bytes:
-    return rawhttp.request(
-        "POST",
-        "/v1/chat/completions",
-        headers=[
-            _auth(stack),
-            ("content-type", "application/json"),
-            ("x-request-id", request_id),
-        ],
+    return rawhttp.chat_post(
+        stack.rs256(),
+        [("x-request-id", request_id)],
         body=rawhttp.json_body(chat_body(directive, stream=True, max_tokens=8192)),
     )
 

@@ -573,15 +573,9 @@ def test_drain_ends_a_request_still_sending_its_body(tmp_path: Path) -> None:
             sock = rawhttp.connect(port)
             try:
                 sock.sendall(
-                    rawhttp.request(
-                        "POST",
-                        "/v1/chat/completions",
-                        headers=[
-                            ("authorization", f"Bearer {gw.dev_token()}"),
-                            ("content-type", "application/json"),
-                            ("content-length", str(len(body))),
-                            ("x-request-id", "drain-body"),
-                        ],
+                    rawhttp.chat_post(
+                        gw.dev_token(),
+                        [("content-length", str(len(body))), ("x-request-id", "drain-body")],
                         content_length=False,
                     )
                     + body[:5]

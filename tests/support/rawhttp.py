@@ -110,3 +110,22 @@ def request(
 
 def json_body(value: Any) -> bytes:
     return json.dumps(value).encode()
+
+
+def chat_post(
+    token: str | None,
+    headers: list[tuple[str, str]] | None = None,
+    *,
+    body: bytes = b"",
+    content_length: bool = True,
+) -> bytes:
+    """``POST /v1/chat/completions`` with a bearer ``token`` (if any), a JSON
+    content type and ``headers``; ``content_length=False`` leaves framing to them."""
+    auth = [("authorization", f"Bearer {token}")] if token is not None else []
+    return request(
+        "POST",
+        "/v1/chat/completions",
+        headers=[*auth, ("content-type", "application/json"), *(headers or [])],
+        body=body,
+        content_length=content_length,
+    )
