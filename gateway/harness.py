@@ -127,6 +127,7 @@ class ThreadedServer:
             lifespan="on",
             access_log=False,
             log_config=None,
+            proxy_headers=False,  # as `serve` runs it
             timeout_graceful_shutdown=2,
             **options,
         )

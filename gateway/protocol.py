@@ -52,6 +52,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from gateway.asgi import ABORT_EXTENSION
 from gateway.config import ListenConfig
 from gateway.errors import GatewayError
+from gateway.metrics import UNKNOWN_TENANT
 
 log = logging.getLogger("gateway")
 
@@ -213,6 +214,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         log.debug("connection refused: %s", code)
+        self._count_refusal(code)
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:
             if not (self._in_body and not cycle.response_started):
@@ -227,6 +229,19 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             cycle.message_event.set()
         self.transport.write(refusal_bytes(code))
         self.transport.close()
+
+    def _count_refusal(self, code: str) -> None:
+        # gateway_rejections_total{tenant="-"}: hostile traffic shows up on the
+        # dashboard, not only in a debug log.
+        app = self.app
+        for _ in range(4):  # past uvicorn's own wrappers (proxy headers, trace logging)
+            if hasattr(app, "state") or not hasattr(app, "app"):
+                break
+            app = app.app
+        runtime = getattr(getattr(app, "state", None), "runtime", None)
+        if runtime is not None:
+            metrics = runtime.metrics
+            metrics.child(metrics.rejections, UNKNOWN_TENANT, code).inc()
 
     def _abort(self, cycle: Any = None) -> None:
         """Drop the connection now; ``cycle``'s further sends are discarded."""

@@ -164,6 +164,7 @@ def test_oversized_header_gets_431(hostile: Stack) -> None:
     assert response.error_code() == "headers_too_large"
     assert response.closed
     assert "bbbb" not in response.body.decode()
+    assert hostile.metric("gateway_rejections_total", tenant="-", code="headers_too_large") >= 1
 
 
 def test_many_headers_get_431(hostile: Stack) -> None:
