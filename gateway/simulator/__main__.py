@@ -1,0 +1,5 @@
+"""``python -m gateway.simulator``."""
+
+from gateway.simulator.server import main
+
+raise SystemExit(main())

@@ -1,0 +1,294 @@
+"""The :class:`Simulator` (a background thread or ``serve_forever``) and the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import ipaddress
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gateway.simulator.core import Core, SimRequest, State
+from gateway.simulator.knobs import (
+    DEFAULT_MODEL_ID,
+    MODEL_STATUSES,
+    MODELS_FAULTS,
+    READY_TIMEOUT_S,
+    SimKnobs,
+)
+from gateway.simulator.transport import Connection
+
+# ---------------------------------------------------------------- the server
+
+
+def _require_loopback(host: str) -> None:
+    if host == "localhost":
+        return
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise ValueError(f"the simulator binds loopback only, not {host!r}")
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop ships with uvicorn[standard]
+        return asyncio.new_event_loop
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
+class Simulator:
+    """A mistral.rs protocol simulator on loopback (see the module docstring).
+
+    Use ``start()``/``stop()`` to run it on its own thread and event loop (tests),
+    or ``await serve_forever()`` on the current loop (CLI). Knob arguments are the
+    defaults of every response; ``directives=False`` ignores ``[[sim ...]]``.
+    """
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        model_id: str = DEFAULT_MODEL_ID,
+        chunks: int = 8,
+        delay_ms: float = 0,
+        keepalive_ms: float = 10_000,
+        directives: bool = True,
+        first_delay_ms: float = 0,
+        split: int = 0,
+        unicode: bool = False,
+        finish: str = "stop",
+        tool_call: bool = False,
+        extras: bool = False,
+        fault: str | None = None,
+        status: int | None = None,
+    ) -> None:
+        _require_loopback(host)
+        knobs = SimKnobs(
+            chunks=chunks,
+            delay_ms=delay_ms,
+            first_delay_ms=first_delay_ms,
+            keepalive_ms=keepalive_ms,
+            split=split,
+            unicode=unicode,
+            finish=finish,
+            tool_call=tool_call,
+            status=status,
+            extras=extras,
+            fault=fault,
+        )
+        self._host = host
+        self._port = port
+        self._state = State(model_id, knobs, directives)
+        self._listening = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._main: asyncio.Task[None] | None = None
+        self._error: BaseException | None = None
+
+    # -- addresses
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"http://{host}:{self._port}"
+
+    @property
+    def model_id(self) -> str:
+        return self._state.model_id
+
+    # -- running
+
+    async def serve_forever(self) -> None:
+        """Serve on the running loop until cancelled."""
+        await self._serve(*await self._bind())
+
+    async def _bind(self) -> tuple[asyncio.Server, Core]:
+        core = Core(self._state)
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(
+            lambda: Connection(core), self._host, self._port, backlog=1024
+        )
+        self._port = server.sockets[0].getsockname()[1]
+        self._listening.set()
+        return server, core
+
+    async def _serve(self, server: asyncio.Server, core: Core) -> None:
+        try:
+            await server.serve_forever()
+        finally:
+            server.close()
+            # A connection accepted just before the close gets connection_made,
+            # and its request task, a loop turn or two later: sweep until a
+            # turn finds nothing new (bounded).
+            for _ in range(20):
+                await asyncio.sleep(0)
+                conns, tasks = list(core.connections), list(core.tasks)
+                for conn in conns:
+                    conn.shutdown()
+                for task in tasks:
+                    task.cancel()
+                if tasks:
+                    await asyncio.wait(tasks, timeout=5)
+                if not conns and not tasks:
+                    break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(server.wait_closed(), 5)
+
+    def start(self) -> None:
+        """Serve on a background thread; return once listening."""
+        if self._thread is not None:
+            raise RuntimeError("simulator already started")
+        self._thread = threading.Thread(target=self._thread_main, name="sim", daemon=True)
+        self._thread.start()
+        if not self._listening.wait(READY_TIMEOUT_S):
+            raise RuntimeError("simulator did not start listening in time")
+        if self._error is not None:
+            raise RuntimeError("simulator failed to start") from self._error
+
+    def _thread_main(self) -> None:
+        loop = _loop_factory()()
+        self._loop = loop
+        try:
+            self._main = loop.create_task(self.serve_forever())
+            loop.run_until_complete(self._main)
+        except asyncio.CancelledError:
+            pass
+        except BaseException as exc:  # reported by start()
+            self._error = exc
+        finally:
+            self._listening.set()
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    def stop(self) -> None:
+        loop, main, thread = self._loop, self._main, self._thread
+        if loop is not None and main is not None:
+            with contextlib.suppress(RuntimeError):  # loop already closed
+                loop.call_soon_threadsafe(main.cancel)
+        if thread is not None:
+            thread.join(READY_TIMEOUT_S)
+
+    # -- observations and controls (thread-safe)
+
+    def requests(self) -> list[SimRequest]:
+        with self._state.cond:
+            return [dataclasses.replace(r) for r in self._state.requests]
+
+    def reset(self) -> None:
+        """Back to as constructed: no recorded requests, peak = current, model loaded.
+
+        The completion-id counter keeps counting, so ids stay unique per simulator.
+        """
+        st = self._state
+        with st.cond:
+            st.requests.clear()
+            st.max_active = st.active
+            st.knobs = st.initial_knobs
+            st.model_status, st.model_entries, st.models_fault = "loaded", 1, None
+
+    @property
+    def active_streams(self) -> int:
+        with self._state.cond:
+            return self._state.active
+
+    @property
+    def max_active_streams(self) -> int:
+        with self._state.cond:
+            return self._state.max_active
+
+    def set_model_status(self, status: str | None) -> None:
+        if status is not None and status not in MODEL_STATUSES:
+            raise ValueError(f"status must be one of {sorted(MODEL_STATUSES)} or None")
+        with self._state.cond:
+            self._state.model_status = status
+
+    def set_model_entries(self, count: int) -> None:
+        if not 0 <= count <= 16:
+            raise ValueError("count must be 0..16")
+        with self._state.cond:
+            self._state.model_entries = count
+
+    def set_models_fault(self, fault: str | None) -> None:
+        if fault is not None and fault not in MODELS_FAULTS:
+            raise ValueError(f"fault must be one of {sorted(MODELS_FAULTS)} or None")
+        with self._state.cond:
+            self._state.models_fault = fault
+
+    def set_knobs(self, **changes: Any) -> None:
+        """Change the default knobs of later requests (same names as the constructor)."""
+        with self._state.cond:
+            self._state.knobs = dataclasses.replace(self._state.knobs, **changes)
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Poll ``predicate`` until true or ``timeout`` seconds; woken by every state change."""
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            with self._state.cond:
+                self._state.cond.wait(min(remaining, 0.05))
+        return True
+
+
+# ---------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m gateway.simulator",
+        description="mistral.rs protocol simulator (test equipment; generates no real text)",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--model-id", default=DEFAULT_MODEL_ID)
+    parser.add_argument("--chunks", type=int, default=8)
+    parser.add_argument("--delay-ms", type=float, default=0.0)
+    parser.add_argument("--keepalive-ms", type=float, default=10_000.0)
+    parser.add_argument("--first-delay-ms", type=float, default=0.0)
+    parser.add_argument("--no-directives", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        sim = Simulator(
+            host=args.host,
+            port=args.port,
+            model_id=args.model_id,
+            chunks=args.chunks,
+            delay_ms=args.delay_ms,
+            keepalive_ms=args.keepalive_ms,
+            first_delay_ms=args.first_delay_ms,
+            directives=not args.no_directives,
+        )
+    except ValueError as exc:
+        print(f"simulator: {exc}", file=sys.stderr)
+        return 2
+
+    async def run() -> None:
+        bound = await sim._bind()
+        print(f"simulator listening on {sim.base_url}", flush=True)
+        serving = asyncio.ensure_future(sim._serve(*bound))
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, serving.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
+
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(run())
+    return 0
