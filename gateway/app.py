@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.asgi import Receive, RequestInfo, Scope, Send, request_id_from, send_error
+from gateway.asgi import Receive, RequestInfo, Scope, Send, header, request_id_from, send_error
 from gateway.config import CorsConfig
 from gateway.errors import GatewayError
 from gateway.loader import Loaded
@@ -67,9 +67,7 @@ class _ResponseHeaders:
     async def __call__(self, message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
             self.info.status = message["status"]
-            headers = [h for h in message.get("headers", ()) if h[0] != b"x-request-id"]
-            headers += self.extra
-            message = {**message, "headers": headers}
+            message = {**message, "headers": [*message.get("headers", ()), *self.extra]}
         await self.send(message)
 
 
@@ -130,7 +128,7 @@ class GatewayApp:
             self._record(scope, info)
 
     def _origin(self, scope: Scope) -> bytes | None:
-        origins: list[bytes] = [v for k, v in scope["headers"] if k == b"origin"]
+        origins = header(scope, b"origin")
         if len(origins) == 1 and origins[0] in self.origins:
             return origins[0]
         return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -42,11 +42,15 @@ class RequestInfo:
     status: int = 0
     outcome: str | None = None
     error_code: str | None = None
-    extra_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+
+
+def header(scope: Scope, name: bytes) -> list[bytes]:
+    """Every value of a (lower-case) request header, in order."""
+    return [v for k, v in scope["headers"] if k == name]
 
 
 def request_id_from(scope: Scope) -> str:
-    values = [v for k, v in scope["headers"] if k == b"x-request-id"]
+    values = header(scope, b"x-request-id")
     if len(values) == 1:
         candidate: str = values[0].decode("latin-1")
         if _REQUEST_ID.fullmatch(candidate):
@@ -66,7 +70,7 @@ def runtime_of(scope: Scope) -> Runtime:
 
 
 def authorization_values(scope: Scope) -> list[str]:
-    return [v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"]
+    return [v.decode("latin-1") for v in header(scope, b"authorization")]
 
 
 async def send_json(
@@ -85,7 +89,6 @@ async def send_json(
     await send({"type": "http.response.body", "body": payload})
 
 
-async def send_error(send: Send, exc: GatewayError, info: RequestInfo | None = None) -> None:
-    if info is not None:
-        info.error_code = exc.code
+async def send_error(send: Send, exc: GatewayError, info: RequestInfo) -> None:
+    info.error_code = exc.code
     await send_json(send, exc.status, exc.body(), exc.response_headers())

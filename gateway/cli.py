@@ -94,17 +94,14 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 def cmd_evidence_add(args: argparse.Namespace) -> int:
     from gateway.errors import GatewayError
-    from gateway.evidence.catalog import Catalog
     from gateway.evidence.service import EvidenceService
-    from gateway.evidence.store import EvidenceStore
 
     loaded = _load(args.config)
     tenant = loaded.policies.tenants.get(args.tenant)
     if tenant is None:
         print("error: tenant_not_configured", file=sys.stderr)
         return 1
-    staging = loaded.config.staging
-    service = EvidenceService(EvidenceStore(staging.dir), Catalog(staging.catalog))
+    service = EvidenceService.from_config(loaded.config.staging)
     try:
         data = Path(args.file).read_bytes()
         record = service.upload(tenant, data, None, args.locator)

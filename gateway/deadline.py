@@ -34,10 +34,6 @@ class Deadline:
         self._task: asyncio.Task[object] | None = None
         self._cancelling = 0
 
-    @property
-    def when(self) -> float:
-        return self._when
-
     def expired(self) -> bool:
         return self._expired
 

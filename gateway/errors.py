@@ -134,11 +134,3 @@ class GatewayError(Exception):
         if self.status == 401:
             headers.setdefault("www-authenticate", "Bearer")
         return headers
-
-
-def status_for(code: str) -> int:
-    return _CODES[code][0]
-
-
-def known_codes() -> frozenset[str]:
-    return frozenset(_CODES)

@@ -9,23 +9,17 @@ never buffered whole.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 
+from gateway.asgi import Receive, header
 from gateway.errors import GatewayError
 from gateway.rewrite import json_depth_ok
-
-Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 
 class ClientDisconnected(Exception):
     """The caller went away while we were reading its body."""
-
-
-def header(scope: dict[str, Any], name: bytes) -> list[bytes]:
-    return [v for k, v in scope["headers"] if k == name]
 
 
 async def read_body(scope: dict[str, Any], receive: Receive, limit: int, timeout_s: float) -> bytes:

@@ -54,7 +54,7 @@ from gateway.rewrite import (
 )
 from gateway.runtime import Exchange, Runtime
 from gateway.sse import SSEValidator, StreamRules
-from gateway.streaming import CallerStalled, Relay, Timeouts, assemble, error_event
+from gateway.streaming import CallerStalled, Relay, Timeouts, assemble
 
 #: how long a final message may wait for a caller that stopped reading
 _LAST_WORDS_S = 1.0
@@ -67,9 +67,16 @@ _SSE_HEADERS = [
 
 
 @dataclass(eq=False)
-class _Held:
-    """Resources one request holds; released in the one ``finally``."""
+class _Call:
+    """One inference request: what it was given, and what it holds until the
+    one ``finally`` releases it."""
 
+    rt: Runtime
+    info: RequestInfo
+    send: Send
+    tenant: Tenant
+    receipt: Receipt
+    exchange: Exchange
     permit: Permit | None = None
     reservation: Reservation | None = None
     leased: bool = False
@@ -111,8 +118,8 @@ class InferenceEndpoint:
             serve_identity=rt.serve_identity,
             created=time.time(),
         )
-        exchange = Exchange(info.request_id, abort=scope.get("extensions", {}).get(ABORT_EXTENSION))
-        held = _Held()
+        exchange = Exchange(abort=scope.get("extensions", {}).get(ABORT_EXTENSION))
+        call = _Call(rt, info, send, tenant, receipt, exchange)
         rt.inflight.add(exchange)
         try:
             # One cancel scope from the body read on: a disconnect or a drain past
@@ -120,9 +127,7 @@ class InferenceEndpoint:
             async with asyncio.timeout(None) as cancel_scope:
                 exchange.scope = cancel_scope
                 try:
-                    await self._serve(
-                        rt, scope, receive, send, tenant, principal, receipt, exchange, held
-                    )
+                    await self._serve(call, scope, receive, principal)
                 finally:
                     exchange.scope = None  # no cancel can reach an exited scope
         except TimeoutError:
@@ -130,27 +135,16 @@ class InferenceEndpoint:
                 receipt.outcome, receipt.error_code = "incomplete", "internal_error"
                 raise
             if exchange.shutdown and not exchange.disconnected:
-                await self._end_for_shutdown(send, receipt, held, info, exchange)
+                await self._end_for_shutdown(call)
         except Exception:
             # A bug: the app answers 500; the receipt says what is known.
             receipt.outcome, receipt.error_code = "incomplete", "internal_error"
             raise
         finally:
-            await self._finish(rt, info, receipt, exchange, held)
+            await self._finish(call)
 
-    async def _serve(
-        self,
-        rt: Runtime,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        tenant: Tenant,
-        principal: Any,
-        receipt: Receipt,
-        exchange: Exchange,
-        held: _Held,
-    ) -> None:
-        info = info_of(scope)
+    async def _serve(self, call: _Call, scope: Scope, receive: Receive, principal: Any) -> None:
+        rt, tenant, receipt, info = call.rt, call.tenant, call.receipt, call.info
         try:
             authorize(principal, tenant, self.endpoint)
             if not rt.accepting():
@@ -165,57 +159,47 @@ class InferenceEndpoint:
                 tenant.policy.models,
             )
         except ClientDisconnected:
-            exchange.disconnected = True
+            call.exchange.disconnected = True
             return
         except GatewayError as exc:
             receipt.outcome, receipt.error_code = "rejected", exc.code
-            await send_error(send, exc, info)
+            await send_error(call.send, exc, info)
             return
-        held.plan = plan
+        call.plan = plan
         receipt.model_alias = plan.alias
         receipt.route = tenant.policy.models[plan.alias]
         receipt.max_tokens = plan.max_tokens
         receipt.stream = plan.stream
         receipt.dropped_parts = list(plan.dropped_parts)
 
-        watcher = asyncio.create_task(_watch_disconnect(receive, exchange))
+        watcher = asyncio.create_task(_watch_disconnect(receive, call.exchange))
         try:
-            await self._exchange(rt, send, tenant, plan, receipt, held, info, exchange)
+            await self._exchange(call, plan)
         except GatewayError as exc:
             receipt.outcome = exc.outcome
             receipt.error_code = exc.code
-            relay = held.relay
+            relay = call.relay
             if relay is None or not relay.state.headers_sent:
-                await send_error(send, exc, info)
+                await send_error(call.send, exc, info)
             else:
                 info.error_code = exc.code
         except CallerStalled:
-            exchange.stalled = True
-            exchange.drop_connection()
+            call.exchange.stalled = True
+            call.exchange.drop_connection()
         finally:
             watcher.cancel()
 
-    async def _exchange(
-        self,
-        rt: Runtime,
-        send: Send,
-        tenant: Tenant,
-        plan: RequestPlan,
-        receipt: Receipt,
-        held: _Held,
-        info: RequestInfo,
-        exchange: Exchange,
-    ) -> None:
+    async def _exchange(self, call: _Call, plan: RequestPlan) -> None:
+        rt, tenant, receipt, info = call.rt, call.tenant, call.receipt, call.info
         limits = tenant.limits
-        held.reservation = rt.ratelimit.reserve(
+        call.reservation = rt.ratelimit.reserve(
             tenant.name,
             limits.requests_per_minute,
             limits.tokens_per_minute,
             plan.max_tokens + estimate_prompt_tokens(plan.prompt_bytes),
         )
-        rate_headers = held.reservation.headers()
-        info.extra_headers = [(k.encode(), v.encode()) for k, v in rate_headers.items()]
-        resolved = await self._resolve_media(rt, tenant, plan, receipt, held)
+        rate_headers = call.reservation.headers()
+        resolved = await self._resolve_media(call, plan)
         forwarded = render(
             plan,
             resolved,
@@ -228,7 +212,7 @@ class InferenceEndpoint:
         receipt.request_bytes = len(forwarded)
         admission = tenant.policy.admission
         queued_at = time.monotonic()
-        held.permit = await rt.admission.acquire(
+        call.permit = await rt.admission.acquire(
             tenant.name,
             request_weight(tenant.policy.cost, media_modalities(plan)),
             share=admission.share,
@@ -252,7 +236,7 @@ class InferenceEndpoint:
                 loads=orjson.loads,
             )
         )
-        relay = held.relay = Relay(
+        relay = call.relay = Relay(
             validator=validator,
             alias=plan.alias,
             include_usage=plan.include_usage,
@@ -261,49 +245,44 @@ class InferenceEndpoint:
                 upstream_cfg.idle_timeout_s,
                 upstream_cfg.total_timeout_s,
             ),
+            # x-request-id and CORS are added by the app's one send wrapper.
             response_headers=[
                 *_SSE_HEADERS,
-                (b"x-request-id", info.request_id.encode()),
-                *info.extra_headers,
+                *((k.encode("latin-1"), v.encode("latin-1")) for k, v in rate_headers.items()),
             ],
-            abort=exchange.drop_connection,
+            abort=call.exchange.drop_connection,
         )
 
         def opener() -> Any:
             return rt.upstream.open_stream(self.path, forwarded, info.request_id)
 
         if plan.stream:
-            await relay.stream_to(opener, send)
-            info.status = 200
+            await relay.stream_to(opener, call.send)
         else:
             await relay.collect(opener)
+            receipt.usage = _usage(validator, relay, plan)
             body = assemble(
                 endpoint=self.endpoint,
                 alias=plan.alias,
                 validator=validator,
                 state=relay.state,
-                usage=_public_usage(_usage(validator, relay, plan)),
+                usage=_public_usage(receipt.usage),
             )
             relay.state.finished = True
-            await send_json(send, 200, body, rate_headers)
+            await send_json(call.send, 200, body, rate_headers)
 
-    async def _resolve_media(
-        self,
-        rt: Runtime,
-        tenant: Tenant,
-        plan: RequestPlan,
-        receipt: Receipt,
-        held: _Held,
-    ) -> list[ResolvedMedia]:
+    async def _resolve_media(self, call: _Call, plan: RequestPlan) -> list[ResolvedMedia]:
         pending = plan.pending_media
         if not pending:
             return []
-        staging = rt.config.staging
-        evidence = rt.evidence
-        held.lease_key = "lease_" + os.urandom(16).hex()
+        tenant = call.tenant
+        staging = call.rt.config.staging
+        evidence = call.rt.evidence
+        call.lease_key = "lease_" + os.urandom(16).hex()
 
         def resolve() -> list[ResolvedMedia]:
             ids: list[str] = []
+            inline: dict[str, bytes] = {}  # staged here: the bytes are in hand
             for ref in pending:
                 if ref.source == "evidence":
                     assert ref.evidence_id is not None
@@ -312,14 +291,16 @@ class InferenceEndpoint:
                     assert ref.data_url is not None
                     mime, data = decode_data_url(ref.data_url, tenant.limits.max_media_bytes)
                     staged = evidence.upload(tenant, data, mime, None).id
-                    held.staged.append((tenant, staged))
+                    call.staged.append((tenant, staged))
+                    inline[staged] = data
                     ids.append(staged)
-            records = evidence.lease(held.lease_key, tenant, ids)
-            held.leased = True
+            records = evidence.lease(call.lease_key, tenant, ids)
+            call.leased = True
             out = []
             for record in records:
                 if staging.worker_media == "data_url":
-                    encoded = base64.b64encode(evidence.read_bytes(record)).decode("ascii")
+                    data = inline.get(record.id) or evidence.read_bytes(record)
+                    encoded = base64.b64encode(data).decode("ascii")
                     url = f"data:{record.media_type};base64,{encoded}"
                 else:
                     url = f"{staging.worker_url_prefix}/{record.sha256}.{record.ext}"
@@ -336,84 +317,61 @@ class InferenceEndpoint:
                 )
             return out
 
-        held.resolving = asyncio.get_running_loop().run_in_executor(None, resolve)
+        call.resolving = asyncio.get_running_loop().run_in_executor(None, resolve)
         # Shielded: a cancel (disconnect, drain) must not leave the thread's
         # leases and staged files unowned; _finish waits for it.
-        resolved = await asyncio.shield(held.resolving)
-        rt.metrics.leases_active.set(evidence.active_leases())
-        _record_artifacts(receipt, resolved)
-        return resolved
+        return await asyncio.shield(call.resolving)
 
-    async def _end_for_shutdown(
-        self, send: Send, receipt: Receipt, held: _Held, info: RequestInfo, exchange: Exchange
-    ) -> None:
+    async def _end_for_shutdown(self, call: _Call) -> None:
         """Past the drain grace: end the request with upstream_unavailable (spec §11)."""
         exc = GatewayError("upstream_unavailable")
-        receipt.outcome, receipt.error_code = "incomplete", exc.code
-        info.error_code = exc.code
-        relay = held.relay
+        call.receipt.outcome, call.receipt.error_code = "incomplete", exc.code
+        call.info.error_code = exc.code
+        relay = call.relay
         if relay is not None and relay.state.finished:
+            return
+        if relay is not None and relay.state.headers_sent:
+            await relay.end_with_error(call.send, exc, _LAST_WORDS_S)
             return
         try:
             # A caller that stopped reading must not hold the drain.
             async with asyncio.timeout(_LAST_WORDS_S):
-                if relay is not None and relay.state.headers_sent:
-                    relay.state.finished = True
-                    await send({"type": "http.response.body", "body": error_event(exc)})
-                else:
-                    await send_error(send, exc, info)
+                await send_error(call.send, exc, call.info)
         except TimeoutError:
-            exchange.drop_connection()
+            call.exchange.drop_connection()
 
-    async def _finish(
-        self,
-        rt: Runtime,
-        info: RequestInfo,
-        receipt: Receipt,
-        exchange: Exchange,
-        held: _Held,
-    ) -> None:
+    async def _finish(self, call: _Call) -> None:
         """Release everything and account for the request.
 
-        All of it is synchronous except giving back evidence leases (SQLite, in
-        a thread), which comes last: a cancellation of the request task (the
-        server's own shutdown) cannot cost a permit, a receipt or a count.
+        All of it is synchronous except waiting for a media thread still
+        running and giving back evidence leases (SQLite, in a thread), which
+        come last: a cancellation of the request task (the server's own
+        shutdown) cannot cost a permit, a receipt or a count.
         """
-        resolving = held.resolving
+        resolving = call.resolving
         if resolving is not None:
             if not resolving.done():
                 await asyncio.wait({resolving})
-            if (
-                not resolving.cancelled()
-                and resolving.exception() is None
-                and not receipt.artifacts
-            ):
-                _record_artifacts(receipt, resolving.result())
+            if not resolving.cancelled() and resolving.exception() is None:
+                _record_artifacts(call.receipt, resolving.result())
         try:
-            self._settle(rt, info, receipt, exchange, held)
+            self._settle(call)
         finally:
             try:
-                if held.leased or held.staged:
+                if call.leased or call.staged:
                     await anyio.to_thread.run_sync(
-                        _release_evidence, rt, held.lease_key, held.staged
+                        _release_evidence, call.rt, call.lease_key, call.staged
                     )
-                    rt.metrics.leases_active.set(rt.evidence.active_leases())
             finally:
-                rt.inflight.discard(exchange)
-                exchange.done.set()
+                call.rt.inflight.discard(call.exchange)
+                call.exchange.done.set()
 
-    def _settle(
-        self,
-        rt: Runtime,
-        info: RequestInfo,
-        receipt: Receipt,
-        exchange: Exchange,
-        held: _Held,
-    ) -> None:
-        relay = held.relay
+    def _settle(self, call: _Call) -> None:
+        rt, info, receipt, exchange = call.rt, call.info, call.receipt, call.exchange
+        relay = call.relay
         closed_early = relay.close() if relay is not None else False
-        if held.permit is not None:
-            held.permit.release()
+        if call.permit is not None:
+            call.permit.release()
         if exchange.disconnected or exchange.stalled:
             receipt.cancellation.append(
                 "caller_disconnected" if exchange.disconnected else "caller_stalled"
@@ -422,12 +380,13 @@ class InferenceEndpoint:
             receipt.error_code = None
         if closed_early:
             receipt.cancellation.append("upstream_closed")
-        plan = held.plan
+        plan = call.plan
         if relay is not None and plan is not None:
             validator = relay.validator
-            receipt.stream_sha256 = relay.state.stream_sha256
+            receipt.stream_sha256 = relay.stream_sha256
             receipt.finish_reason = validator.finish_reason
-            receipt.usage = _usage(validator, relay, plan)
+            if receipt.usage is None:
+                receipt.usage = _usage(validator, relay, plan)
             if relay.state.first_content_at is not None:
                 receipt.ttft_ms = round((relay.state.first_content_at - info.started) * 1000, 3)
                 rt.metrics.ttft.observe(relay.state.first_content_at - info.started)
@@ -435,9 +394,9 @@ class InferenceEndpoint:
                 receipt.outcome = "length" if validator.finish_reason == "length" else "complete"
         elif plan is not None and receipt.error_code is None and not exchange.disconnected:
             receipt.outcome = "rejected"
-        if held.reservation is not None:
+        if call.reservation is not None:
             used = receipt.usage.total_tokens if receipt.usage is not None else 0
-            held.reservation.settle(used)
+            call.reservation.settle(used)
         receipt.duration_ms = round((time.monotonic() - info.started) * 1000, 3)
         info.outcome = receipt.outcome
         rt.receipts.write(receipt)

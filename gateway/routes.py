@@ -14,6 +14,7 @@ from gateway.asgi import (
     Scope,
     Send,
     authorization_values,
+    header,
     info_of,
     runtime_of,
     send_error,
@@ -21,7 +22,7 @@ from gateway.asgi import (
 )
 from gateway.auth import authorize
 from gateway.errors import GatewayError
-from gateway.limits import ClientDisconnected, header, read_body
+from gateway.limits import ClientDisconnected, read_body
 from gateway.policy import Tenant
 from gateway.runtime import Runtime
 
@@ -85,7 +86,6 @@ async def evidence_item(scope: Scope, receive: Receive, send: Send) -> None:
         tenant = await _tenant_for(scope, rt, "evidence")
         if scope["method"] == "DELETE":
             await anyio.to_thread.run_sync(rt.evidence.delete, tenant, evidence_id)
-            rt.metrics.leases_active.set(rt.evidence.active_leases())
             await send({"type": "http.response.start", "status": 204, "headers": []})
             await send({"type": "http.response.body", "body": b""})
             return

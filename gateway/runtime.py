@@ -40,7 +40,6 @@ log = logging.getLogger("gateway")
 class Exchange:
     """One in-flight inference request, as seen by drain and disconnect handling."""
 
-    request_id: str
     #: the listener's "drop this connection now" (gateway.protocol), if served by it
     abort: Callable[[], None] | None = None
     #: the request's cancel scope (an asyncio timeout with no deadline until cancel)
@@ -137,7 +136,7 @@ async def build_runtime(loaded: Loaded) -> Runtime:
     serve_identity = launch_identity(launch) if launch else None
     upstream = Upstream(config.upstream, pool_size=config.admission.capacity + 8)
     keys = load_key_set(config.auth, os.environ)
-    evidence = EvidenceService.from_config(config.staging)
+    evidence = EvidenceService.from_config(config.staging, metrics.leases_active.set)
     # One server per staging dir: clear temp files and leases a crash left behind.
     await anyio.to_thread.run_sync(evidence.recover)
     receipts = ReceiptWriter(config.audit.path)

@@ -15,7 +15,6 @@ import contextlib
 import gc
 import signal
 import ssl
-import sys
 from types import FrameType
 from typing import Any
 
@@ -57,8 +56,6 @@ def uvicorn_config(loaded: Loaded, app: Any, host: str, port: int) -> uvicorn.Co
         proxy_headers=False,
         date_header=True,
         timeout_keep_alive=15,
-        # Header bytes a caller may send before we give up on it (slowloris bound).
-        h11_max_incomplete_event_size=32_768,
         timeout_graceful_shutdown=5,
         **tls,
     )
@@ -135,8 +132,3 @@ def serve(loaded: Loaded, app: Any, host: str, port: int) -> int:
     )
     server.run()
     return 0 if server.started else 1
-
-
-def eprint(*lines: str) -> None:
-    for line in lines:
-        print(line, file=sys.stderr)

@@ -30,15 +30,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import orjson
 
+from gateway.asgi import Send
 from gateway.deadline import Deadline
 from gateway.errors import GatewayError
 from gateway.sse import NEED_DATA, Chunk, Done, KeepAlive, SSEValidator
 from gateway.upstream import UpstreamStream
 
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 Opener = Callable[[], Awaitable[UpstreamStream]]
 
 KEEPALIVE_FRAME = b":\n\n"
@@ -63,12 +62,7 @@ class StreamState:
     reasoning_parts: list[str] = field(default_factory=list)
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
     hasher: Any = field(default_factory=hashlib.sha256)
-    bytes_received: int = 0
     content_chunks: int = 0
-
-    @property
-    def stream_sha256(self) -> str | None:
-        return self.hasher.hexdigest() if self.bytes_received else None
 
     def text(self) -> str:
         return "".join(self.text_parts)
@@ -106,27 +100,40 @@ class Relay:
         self.state = StreamState()
         self.upstream: UpstreamStream | None = None
         self._sending = False
+        # Only a non-streaming caller needs the text and tool calls kept: its
+        # answer is assembled at the end. A streaming caller needs frames only.
+        self._collecting = False
+
+    @property
+    def stream_sha256(self) -> str | None:
+        """SHA-256 of the de-chunked bytes the worker sent (None before any)."""
+        return self.state.hasher.hexdigest() if self.validator.bytes_received else None
 
     async def stream_to(self, open_stream: Opener, send: Send) -> None:
         """Re-stream to an ASGI ``send``; on failure after headers, end with an error event."""
-        state = self.state
         try:
             await self._pump(open_stream, send)
         except GatewayError as exc:
-            if not state.headers_sent:
+            if not self.state.headers_sent:
                 raise
-            state.finished = True
-            try:
-                # A caller that stopped reading would block this send for good.
-                async with asyncio.timeout(self.timeouts.idle_s):
-                    await send({"type": "http.response.body", "body": error_event(exc)})
-            except TimeoutError:
-                if self.abort is not None:
-                    self.abort()
+            await self.end_with_error(send, exc, self.timeouts.idle_s)
             raise
+
+    async def end_with_error(self, send: Send, exc: GatewayError, timeout_s: float) -> None:
+        """After headers: the one final error event (no ``[DONE]``). A caller that
+        stopped reading would block this send for good: past ``timeout_s`` its
+        connection is dropped instead."""
+        self.state.finished = True
+        try:
+            async with asyncio.timeout(timeout_s):
+                await send({"type": "http.response.body", "body": error_event(exc)})
+        except TimeoutError:
+            if self.abort is not None:
+                self.abort()
 
     async def collect(self, open_stream: Opener) -> None:
         """Run the pump without a caller stream (non-streaming requests)."""
+        self._collecting = True
         await self._pump(open_stream, None)
 
     def close(self) -> bool:
@@ -149,9 +156,8 @@ class Relay:
             ) as deadline:
                 # The first-event deadline covers connecting and the response head too.
                 upstream = self.upstream = await open_stream()
-                async for raw in upstream.raw():
+                async for raw in upstream:
                     state.hasher.update(raw)
-                    state.bytes_received += len(raw)
                     validator.receive_data(raw)
                     out: list[bytes] = []
                     try:
@@ -178,9 +184,6 @@ class Relay:
                 # Blocked on the caller, not the worker: the caller stopped reading.
                 raise CallerStalled from exc
             raise GatewayError("upstream_timeout") from exc
-        except httpx.HTTPError as exc:
-            # The worker's connection broke (reset, truncated chunked body).
-            raise GatewayError("upstream_unavailable") from exc
 
     def _drain_events(self, out: list[bytes]) -> bool:
         """Append the frames for every event now available; False when none completed."""
@@ -192,25 +195,32 @@ class Relay:
                 return completed
             completed = True
             if isinstance(event, Chunk):
-                out.append(self._chunk_frame(event))
+                self._note_chunk(event)
+                if not self._collecting:
+                    out.append(self._chunk_frame(event))
             elif isinstance(event, KeepAlive):
-                out.append(KEEPALIVE_FRAME)
+                if not self._collecting:
+                    out.append(KEEPALIVE_FRAME)
             elif isinstance(event, Done):  # pragma: no cover - Done only follows EOF
                 return completed
 
-    def _chunk_frame(self, chunk: Chunk) -> bytes:
+    def _note_chunk(self, chunk: Chunk) -> None:
         state = self.state
-        data = chunk.data
         if state.first_content_at is None and (chunk.text or chunk.finish_reason):
             state.first_content_at = time.monotonic()
         if chunk.text:
-            state.text_parts.append(chunk.text)
             state.content_chunks += 1
-        choices = data.get("choices")
-        if choices:
-            delta = choices[0].get("delta")
-            if isinstance(delta, dict):
-                self._note_delta(delta)
+            if self._collecting:
+                state.text_parts.append(chunk.text)
+        if self._collecting:
+            choices = chunk.data.get("choices")
+            if choices:
+                delta = choices[0].get("delta")
+                if isinstance(delta, dict):
+                    self._note_delta(delta)
+
+    def _chunk_frame(self, chunk: Chunk) -> bytes:
+        data = chunk.data
         data["model"] = self.alias
         if not self.include_usage:
             data.pop("usage", None)

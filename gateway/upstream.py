@@ -46,11 +46,8 @@ class UpstreamStream:
         # True once the body has been read to its end (or the stream was closed).
         return self._conn is None
 
-    def raw(self) -> AsyncIterator[bytes]:
-        """De-chunked but undecoded bytes, exactly what the worker sent."""
-        return self
-
     def __aiter__(self) -> AsyncIterator[bytes]:
+        """De-chunked but undecoded bytes, exactly what the worker sent."""
         return self
 
     async def __anext__(self) -> bytes:
@@ -84,9 +81,6 @@ class UpstreamStream:
             conn.close()
             self._release(conn)
 
-    async def aclose(self) -> None:
-        self.close()
-
 
 class Upstream:
     def __init__(
@@ -94,12 +88,11 @@ class Upstream:
         config: UpstreamConfig,
         *,
         pool_size: int = 32,
-        client: httpx.AsyncClient | None = None,
     ) -> None:
         self.config = config
         # The readiness poll and model listing go through httpx; inference
         # streams through the lean pool below (one exchange per connection).
-        self._client = client or httpx.AsyncClient(
+        self._client = httpx.AsyncClient(
             base_url=config.base_url,
             timeout=httpx.Timeout(config.connect_timeout_s),
             limits=httpx.Limits(max_connections=4, max_keepalive_connections=2),

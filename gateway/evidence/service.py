@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gateway.config import StagingConfig
@@ -55,14 +56,27 @@ def locator_digest(locator: str | None) -> str | None:
 class EvidenceService:
     """Upload, look up, lease and release staged evidence; see the module docstring."""
 
-    def __init__(self, store: EvidenceStore, catalog: Catalog) -> None:
+    def __init__(
+        self,
+        store: EvidenceStore,
+        catalog: Catalog,
+        on_leases_change: Callable[[int], None] | None = None,
+    ) -> None:
         self._store = store
         self._catalog = catalog
+        # Only the serving process takes leases (recover() clears a crashed
+        # run's), so they are counted here instead of asking SQLite each time:
+        # request id -> leased records (distinct ids, as the catalog keeps them).
+        self._held: dict[str, int] = {}
+        self._held_lock = threading.Lock()
+        self._on_leases_change = on_leases_change
 
     @classmethod
-    def from_config(cls, staging: StagingConfig) -> EvidenceService:
+    def from_config(
+        cls, staging: StagingConfig, on_leases_change: Callable[[int], None] | None = None
+    ) -> EvidenceService:
         store = EvidenceStore(Path(staging.dir))
-        return cls(store, Catalog(Path(staging.catalog)))
+        return cls(store, Catalog(Path(staging.catalog)), on_leases_change)
 
     @property
     def store(self) -> EvidenceStore:
@@ -137,11 +151,14 @@ class EvidenceService:
             records.append(record)
         if records:
             self._catalog.take_leases(request_id, records)
+            self._count_leases(request_id, len({r.id for r in records}))
         return records
 
     def release(self, request_id: str) -> None:
         """Drop the request's leases and files nothing else holds; idempotent."""
-        for sha256, ext in self._catalog.release_leases(request_id):
+        released = self._catalog.release_leases(request_id)
+        self._count_leases(request_id, None)
+        for sha256, ext in released:
             self._drop_file_if_unreferenced(sha256, ext)
 
     def read_bytes(self, record: EvidenceRecord) -> bytes:
@@ -149,6 +166,18 @@ class EvidenceService:
 
     def active_leases(self) -> int:
         return self._catalog.active_leases()
+
+    def _count_leases(self, request_id: str, taken: int | None) -> None:
+        """``taken`` leases for the request, or None when they were released."""
+        with self._held_lock:
+            if taken is None:
+                if self._held.pop(request_id, None) is None:
+                    return
+            else:
+                self._held[request_id] = self._held.get(request_id, 0) + taken
+            count = sum(self._held.values())
+        if self._on_leases_change is not None:
+            self._on_leases_change(count)
 
     def _drop_file_if_unreferenced(self, sha256: str, ext: str) -> None:
         try:

@@ -59,7 +59,7 @@ async def test_refused_worker_head_does_not_poison_the_pool(sim: Simulator) -> N
         assert not [r for r in sim.requests() if r.path == "/sim/redirected"]
         # Immediately (no loop turn in between, as under concurrency): a good request.
         stream = await upstream.open_stream("/v1/chat/completions", _body("chunks=2"), "r-2")
-        body = b"".join([raw async for raw in stream.raw()])
+        body = b"".join([raw async for raw in stream])
         assert body.endswith(b"data: [DONE]\n\n")
     finally:
         await upstream.aclose()
