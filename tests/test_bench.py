@@ -39,4 +39,15 @@ def test_quick_bench_reports_every_scenario_without_errors(tmp_path: Path) -> No
             assert figures["errors"] == 0, (name, side, figures["error_kinds"])
             assert figures["ok"] == figures["sent"] == entry["params"]["total"]
         assert set(entry["ratio"]) >= {"rps", "ttft_p50_ms", "cpu_s_per_1000"}
-    assert {t["target"] for t in report["targets"]}
+    targets = report["targets"]
+    assert {t["target"] for t in targets} == {
+        "latency: gateway CPU s / 1000 req",
+        "throughput: gateway CPU s / 1000 req",
+        "latency: TTFT p50 x direct",
+        "slow: stream p50 x direct",
+        "slow: TTFT p99 x direct",
+        "slow: gateway peak RSS MB",
+        "slow: all streams complete",
+        "no errors, every stream [DONE]",
+    }
+    assert all(set(t) == {"target", "value", "limit", "met"} for t in targets)

@@ -338,11 +338,6 @@ def test_identity_changes_with_a_validated_new_bundle() -> None:
     assert serve_identity(moved) != serve_identity(make())
 
 
-def test_identity_ignores_argv_rules() -> None:
-    # The same contract keeps its identity whatever argv the version gate picks.
-    assert build_plan(make()).serve_identity == serve_identity(make())
-
-
 # --- plan JSON and launch_plan_json ---------------------------------------------------
 
 

@@ -216,7 +216,10 @@ def test_empty_event_name_is_the_default_event() -> None:
 
 
 def test_bom_is_stripped_only_at_the_start() -> None:
-    assert replay(b"\xef\xbb\xbf" + stream(chunk("a")), CHAT).error is None
+    stripped = replay(b"\xef\xbb\xbf" + stream(chunk("a")), CHAT)
+    assert stripped.error is None
+    # Not merely ignored as an unknown line: the first event is there.
+    assert [c.text for c in stripped.chunks] == ["a", ""]
     # elsewhere it is part of a field name, which makes the line unknown
     data = event(chunk("a")) + b"\xef\xbb\xbfdata: x\n\n" + stream()
     assert replay(data, CHAT).error is None

@@ -33,28 +33,7 @@ Theory of operation
 """
 
 from gateway.simulator.core import SimRequest
-from gateway.simulator.knobs import (
-    DEFAULT_MODEL_ID,
-    FAULTS,
-    MODEL_STATUSES,
-    MODELS_FAULTS,
-    SIMULATOR_HEADER,
-    DirectiveError,
-    SimKnobs,
-    apply_directives,
-)
+from gateway.simulator.knobs import DEFAULT_MODEL_ID, FAULTS, SimKnobs
 from gateway.simulator.server import Simulator, main
 
-__all__ = [
-    "DEFAULT_MODEL_ID",
-    "FAULTS",
-    "MODELS_FAULTS",
-    "MODEL_STATUSES",
-    "SIMULATOR_HEADER",
-    "DirectiveError",
-    "SimKnobs",
-    "SimRequest",
-    "Simulator",
-    "apply_directives",
-    "main",
-]
+__all__ = ["DEFAULT_MODEL_ID", "FAULTS", "SimKnobs", "SimRequest", "Simulator", "main"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import re
 import threading
 import time
 import uuid
@@ -16,13 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from gateway.simulator.knobs import (
-    MAX_BODY_BYTES,
-    VISIBLE_ASCII,
-    DirectiveError,
-    SimKnobs,
-    apply_directives,
-)
+from gateway.simulator.knobs import DirectiveError, SimKnobs, apply_directives
 from gateway.simulator.plans import (
     Ctx,
     Op,
@@ -35,6 +30,8 @@ from gateway.simulator.plans import (
 
 if TYPE_CHECKING:
     from gateway.simulator.transport import Connection
+
+_VISIBLE_ASCII = re.compile(r"[\x20-\x7e]+")
 
 
 # ------------------------------------------------------------- observations
@@ -129,7 +126,7 @@ class Incoming:
 
 def _request_id(headers: dict[str, str]) -> str:
     value = headers.get("x-request-id", "")
-    if value.strip() and VISIBLE_ASCII.fullmatch(value):
+    if value.strip() and _VISIBLE_ASCII.fullmatch(value):
         return value
     return "req_" + uuid.uuid4().hex
 
@@ -340,10 +337,9 @@ class Core:
     def _inference(
         self, chat: bool, body: bytes, headers: dict[str, str], rid: str
     ) -> Iterator[Step] | Ctx:
-        # Checks in the real server's order: body limit, content type, JSON
-        # syntax, JSON shape (axum), then the handler's own parsing.
-        if len(body) > MAX_BODY_BYTES:
-            return text_reply(413, "request body too large", rid)
+        # Checks in the real server's order (the body limit is the connection's:
+        # transport.py refuses a larger body while it arrives): content type,
+        # JSON syntax, JSON shape (axum), then the handler's own parsing.
         if not _is_json_type(headers):
             return text_reply(415, "Expected request with `Content-Type: application/json`", rid)
         try:

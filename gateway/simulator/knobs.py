@@ -8,8 +8,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 DEFAULT_MODEL_ID = "/srv/mosaic-models/" + "0" * 64
 SIMULATOR_HEADER = ("x-simulator", "mistralrs-protocol-simulator")
 MAX_BODY_BYTES = 50 * 1024 * 1024
@@ -27,41 +25,8 @@ FAULTS = frozenset(
 MODELS_FAULTS = frozenset({"bad_body", "hang"})
 MODEL_STATUSES = frozenset({"loaded", "unloaded", "reloading"})
 
-MAX_HEAD_BYTES = 64 * 1024
-MAX_PIPELINE = 32
-FLUSH_BYTES = 64 * 1024
-HANG_LIMIT_S = 300.0
-ENDLESS_LIMIT = 512 * 1024 * 1024
-ENDLESS_BLOCK = 64 * 1024
-READY_TIMEOUT_S = 10.0
-INVALID_UTF8_MARK = "\x1asim-invalid-utf8\x1a"
-INVALID_UTF8_JSON = orjson.dumps(INVALID_UTF8_MARK)[1:-1]
 
-DONE_EVENT = b"data: [DONE]\n\n"
-KEEPALIVE_EVENT = b":\n\n"
-ERROR_JSON = (
-    b'data: {"error":{"message":"simulated engine error","type":"server_error",'
-    b'"param":null,"code":null}}\n\n'
-)
-ERROR_RAW = b"data: simulated engine error\n\n"
-NAMED_EVENT = (
-    b"event: agentic_tool_call_progress\n"
-    b'data: {"type":"agentic_tool_call_progress","round":1,"tool_name":"sim_tool",'
-    b'"phase":"calling","data":{"tool_type":"custom"}}\n\n'
-)
-UNICODE_WORDS = ("héllo", "wörld", "✓", "日本", "🙂")
-# tower-http CorsLayer with `Any` origin, as the real server answers every request.
-COMMON_HEADERS = (
-    ("access-control-allow-origin", "*"),
-    ("vary", "origin, access-control-request-method, access-control-request-headers"),
-    ("access-control-expose-headers", "x-request-id"),
-    SIMULATOR_HEADER,
-)
 _DIRECTIVE = re.compile(r"\[\[sim(\s[^\]]*)?\]\]")
-VISIBLE_ASCII = re.compile(r"[\x20-\x7e]+")
-
-
-# --------------------------------------------------------------------- knobs
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,19 +12,36 @@ from typing import Any
 
 import orjson
 
-from gateway.simulator.knobs import (
-    COMMON_HEADERS,
-    DONE_EVENT,
-    ERROR_JSON,
-    ERROR_RAW,
-    INVALID_UTF8_JSON,
-    INVALID_UTF8_MARK,
-    NAMED_EVENT,
-    UNICODE_WORDS,
-    SimKnobs,
+from gateway.simulator.knobs import SIMULATOR_HEADER, SimKnobs
+
+_INVALID_UTF8_MARK = "\x1asim-invalid-utf8\x1a"
+
+_INVALID_UTF8_JSON = orjson.dumps(_INVALID_UTF8_MARK)[1:-1]
+
+_DONE_EVENT = b"data: [DONE]\n\n"
+
+_ERROR_JSON = (
+    b'data: {"error":{"message":"simulated engine error","type":"server_error",'
+    b'"param":null,"code":null}}\n\n'
 )
 
-# ------------------------------------------------------------------- plans
+_ERROR_RAW = b"data: simulated engine error\n\n"
+
+_NAMED_EVENT = (
+    b"event: agentic_tool_call_progress\n"
+    b'data: {"type":"agentic_tool_call_progress","round":1,"tool_name":"sim_tool",'
+    b'"phase":"calling","data":{"tool_type":"custom"}}\n\n'
+)
+
+UNICODE_WORDS = ("héllo", "wörld", "✓", "日本", "🙂")
+
+# tower-http CorsLayer with `Any` origin, as the real server answers every request.
+_COMMON_HEADERS = (
+    ("access-control-allow-origin", "*"),
+    ("vary", "origin, access-control-request-method, access-control-request-headers"),
+    ("access-control-expose-headers", "x-request-id"),
+    SIMULATOR_HEADER,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +97,7 @@ def simple_reply(
     status: int, body: bytes, request_id: str, content_type: str | None = None
 ) -> Iterator[Step]:
     headers = [("content-type", content_type)] if content_type else []
-    headers += [("x-request-id", request_id), *COMMON_HEADERS]
+    headers += [("x-request-id", request_id), *_COMMON_HEADERS]
     yield Head(status, headers, len(body))
     yield body
     yield Op.END
@@ -190,7 +207,7 @@ def _corrupt(ctx: Ctx, chunk: dict[str, Any]) -> None:
     elif fault == "role_change" and ctx.chat:
         choice["delta"]["role"] = "user"
     elif fault in ("nul_text", "invalid_utf8"):
-        value = "sim-\x00-nul " if fault == "nul_text" else INVALID_UTF8_MARK
+        value = "sim-\x00-nul " if fault == "nul_text" else _INVALID_UTF8_MARK
         if text_key:
             choice[text_key] = value
         else:
@@ -199,8 +216,8 @@ def _corrupt(ctx: Ctx, chunk: dict[str, Any]) -> None:
 
 def _event(chunk: dict[str, Any]) -> bytes:
     data = orjson.dumps(chunk)
-    if INVALID_UTF8_JSON in data:
-        data = data.replace(INVALID_UTF8_JSON, b"sim-\xff\xfe-bad ")
+    if _INVALID_UTF8_JSON in data:
+        data = data.replace(_INVALID_UTF8_JSON, b"sim-\xff\xfe-bad ")
     return b"data: " + data + b"\n\n"
 
 
@@ -220,8 +237,8 @@ def _stream_body(ctx: Ctx) -> Iterator[bytes | Pause | Op]:
     if fault == "bad_finish":
         finish = "content_filter"
     if fault == "error_first":
-        yield ERROR_JSON
-        yield DONE_EVENT
+        yield _ERROR_JSON
+        yield _DONE_EVENT
         yield Op.END
         return
     if k.first_delay_ms:
@@ -241,10 +258,10 @@ def _stream_body(ctx: Ctx) -> Iterator[bytes | Pause | Op]:
                 yield Op.HANG
                 return
             if fault == "named_event":
-                yield NAMED_EVENT
+                yield _NAMED_EVENT
             else:
-                yield ERROR_JSON if fault == "error_json" else ERROR_RAW
-                yield DONE_EVENT
+                yield _ERROR_JSON if fault == "error_json" else _ERROR_RAW
+                yield _DONE_EVENT
                 yield Op.END
                 return
         if i == count:
@@ -271,7 +288,7 @@ def _stream_body(ctx: Ctx) -> Iterator[bytes | Pause | Op]:
             _corrupt(ctx, chunk)
         yield _event(chunk)
     if fault != "missing_done":
-        yield DONE_EVENT
+        yield _DONE_EVENT
     if fault == "after_done":
         yield _event(_chunk(ctx, _token(count, k.unicode), None, None))
     yield Op.END
@@ -318,7 +335,7 @@ def _total_delay(ctx: Ctx) -> float:
 def plan_inference(ctx: Ctx) -> Iterator[Step]:
     k = ctx.knobs
     fault = k.fault
-    base = [*_id_headers(ctx.request_id, fault), *COMMON_HEADERS]
+    base = [*_id_headers(ctx.request_id, fault), *_COMMON_HEADERS]
     if fault == "huge_headers":
         base.append(("x-sim-padding", "p" * 200 * 1024))
     if k.status is not None:

@@ -15,16 +15,10 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.simulator.core import Core, SimRequest, State
-from gateway.simulator.knobs import (
-    DEFAULT_MODEL_ID,
-    MODEL_STATUSES,
-    MODELS_FAULTS,
-    READY_TIMEOUT_S,
-    SimKnobs,
-)
+from gateway.simulator.knobs import DEFAULT_MODEL_ID, MODEL_STATUSES, MODELS_FAULTS, SimKnobs
 from gateway.simulator.transport import Connection
 
-# ---------------------------------------------------------------- the server
+_READY_TIMEOUT_S = 10.0
 
 
 def _require_loopback(host: str) -> None:
@@ -156,7 +150,7 @@ class Simulator:
             raise RuntimeError("simulator already started")
         self._thread = threading.Thread(target=self._thread_main, name="sim", daemon=True)
         self._thread.start()
-        if not self._listening.wait(READY_TIMEOUT_S):
+        if not self._listening.wait(_READY_TIMEOUT_S):
             raise RuntimeError("simulator did not start listening in time")
         if self._error is not None:
             raise RuntimeError("simulator failed to start") from self._error
@@ -182,7 +176,7 @@ class Simulator:
             with contextlib.suppress(RuntimeError):  # loop already closed
                 loop.call_soon_threadsafe(main.cancel)
         if thread is not None:
-            thread.join(READY_TIMEOUT_S)
+            thread.join(_READY_TIMEOUT_S)
 
     # -- observations and controls (thread-safe)
 

@@ -15,20 +15,22 @@ from typing import cast
 import httptools
 
 from gateway.simulator.core import Core, Incoming, SimRequest
-from gateway.simulator.knobs import (
-    ENDLESS_BLOCK,
-    ENDLESS_LIMIT,
-    FLUSH_BYTES,
-    HANG_LIMIT_S,
-    KEEPALIVE_EVENT,
-    MAX_BODY_BYTES,
-    MAX_HEAD_BYTES,
-    MAX_PIPELINE,
-    SimKnobs,
-)
+from gateway.simulator.knobs import MAX_BODY_BYTES, SimKnobs
 from gateway.simulator.plans import Head, Op, Pause, Step
 
-# --------------------------------------------------------------- transport
+_MAX_HEAD_BYTES = 64 * 1024
+
+_MAX_PIPELINE = 32
+
+_FLUSH_BYTES = 64 * 1024
+
+_HANG_LIMIT_S = 300.0
+
+_ENDLESS_LIMIT = 512 * 1024 * 1024
+
+_ENDLESS_BLOCK = 64 * 1024
+
+_KEEPALIVE_EVENT = b":\n\n"
 
 
 def _frame(data: bytes) -> bytes:
@@ -140,7 +142,7 @@ class Connection(asyncio.Protocol):
 
     def _grow_head(self, size: int) -> None:
         self._head_bytes += size
-        if self._head_bytes > MAX_HEAD_BYTES:
+        if self._head_bytes > _MAX_HEAD_BYTES:
             self._refusal = (431, "request header fields too large")
             raise ValueError("head over limit")
 
@@ -148,7 +150,7 @@ class Connection(asyncio.Protocol):
 
     def _enqueue(self, inc: Incoming) -> None:
         self._queue.append(inc)
-        if len(self._queue) >= MAX_PIPELINE and self._transport is not None:
+        if len(self._queue) >= _MAX_PIPELINE and self._transport is not None:
             self._reading_paused = True
             self._transport.pause_reading()
         if self._task is None and not self._lost:
@@ -162,7 +164,7 @@ class Connection(asyncio.Protocol):
         try:
             while self._queue and not self._lost:
                 inc = self._queue.popleft()
-                if self._reading_paused and len(self._queue) < MAX_PIPELINE // 2:
+                if self._reading_paused and len(self._queue) < _MAX_PIPELINE // 2:
                     self._reading_paused = False
                     transport.resume_reading()
                 if not await self._core.respond(self, inc) or not inc.keep_alive:
@@ -243,7 +245,7 @@ class Connection(asyncio.Protocol):
                 elif step:  # an empty chunk would be the terminator
                     out.append(_frame(step))
                 pending += len(step)
-                if pending >= FLUSH_BYTES:
+                if pending >= _FLUSH_BYTES:
                     # A long burst goes out as it is made, under flow control,
                     # instead of as one write the size of the whole stream.
                     await self._flush(out, split)
@@ -276,10 +278,10 @@ class Connection(asyncio.Protocol):
         assert transport is not None
         if op is Op.HANG:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._gone), HANG_LIMIT_S)
+                await asyncio.wait_for(asyncio.shield(self._gone), _HANG_LIMIT_S)
         elif op is Op.ENDLESS:
-            block = _frame(b"x" * ENDLESS_BLOCK)
-            for _ in range(ENDLESS_LIMIT // ENDLESS_BLOCK):
+            block = _frame(b"x" * _ENDLESS_BLOCK)
+            for _ in range(_ENDLESS_LIMIT // _ENDLESS_BLOCK):
                 if self._lost or transport.is_closing():
                     break
                 transport.write(block)
@@ -300,7 +302,7 @@ class Connection(asyncio.Protocol):
                 await asyncio.sleep(max(0.0, end - now))
                 return last_event
             await asyncio.sleep(max(0.0, due - now))
-            await self._flush([_frame(KEEPALIVE_EVENT)], split)
+            await self._flush([_frame(_KEEPALIVE_EVENT)], split)
             last_event = self._loop.time()
 
     def _head(self, head: Head, keep_alive: bool) -> bytes:
