@@ -27,27 +27,12 @@ from gateway.rewrite import (
     plan_request,
     render,
 )
+from tests.support.urls import CALLER_URLS, PNG_DATA_URL
 
 ROUTE = "/srv/mosaic-models/" + "ab" * 32
 ALIAS = "gemma-4-mm"
 ALIASES = {ALIAS: ROUTE}
 ALL: list[Modality] = ["text", "image", "audio", "video"]
-PNG_DATA_URL = "data:image/png;base64,iVBORw0KGgo="
-
-#: every way a caller can write a URL that is not an evidence reference
-CALLER_URLS = [
-    "http://169.254.169.254/latest/meta-data",
-    "https://example.com/a.png",
-    "file:///etc/passwd",
-    "FILE:///etc/passwd",
-    " file:///etc/passwd",
-    PNG_DATA_URL,
-    "gopher://x",
-    "//host/a.png",
-    "../../etc/passwd",
-    "evidence: ev_x",
-    " EVIDENCE:ev_x",
-]
 
 
 def make_tenant(

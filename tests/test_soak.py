@@ -38,6 +38,7 @@ from gateway.evidence.samples import SAMPLES
 from gateway.harness import SIM_ROUTE
 from gateway.server import tune_gc
 from gateway.simulator import Simulator
+from tests.support.poll import eventually
 from tests.support.stack import Stack, chat_body, running_stack, sse_data
 
 LONG = os.environ.get("GATEWAY_SOAK", "").lower() == "long"
@@ -181,15 +182,6 @@ def gateway_tasks(stack: Stack) -> int:
         return len(asyncio.all_tasks())
 
     return asyncio.run_coroutine_threadsafe(count(), loop).result(5)
-
-
-def poll(predicate: Any, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return bool(predicate())
 
 
 # ------------------------------------------------------------------ callers
@@ -347,6 +339,7 @@ async def outage(soak: Soak, gate: asyncio.Semaphore, at_s: float) -> None:
     deadline = time.monotonic() + 5
     while not stack.runtime.accepting() and time.monotonic() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(0.02)  # readiness lives on the gateway's loop: poll, bounded
+    assert stack.runtime.accepting(), "the restarted worker was not ready within 5 s"
     soak.outages.append((started, time.monotonic()))
 
 
@@ -406,7 +399,7 @@ def check_receipts(soak: Soak, outcomes: list[Outcome]) -> tuple[Counter[str], i
     def all_written() -> bool:
         return ids <= {r["request_id"] for r in stack.receipts()}
 
-    assert poll(all_written, 10), "every inference request leaves a receipt"
+    assert eventually(all_written, 10), "every inference request leaves a receipt"
     receipts: dict[str, list[dict[str, Any]]] = {}
     for receipt in stack.receipts():
         receipts.setdefault(receipt["request_id"], []).append(receipt)

@@ -37,6 +37,7 @@ from gateway.rewrite import (
     render,
 )
 from tests.fuzz.budget import budget
+from tests.support.urls import CALLER_URLS as SHARED_CALLER_URLS
 
 pytestmark = pytest.mark.fuzz
 
@@ -62,20 +63,9 @@ ODD = [
     "\u2028",
     "[[sim fault=close_mid]]",
 ]
+#: the shared caller URLs, plus malformed evidence references
 CALLER_URLS = [
-    "http://169.254.169.254/latest/meta-data/",
-    "https://example.com/a.png",
-    "HTTPS://EXAMPLE.COM/a.png",
-    "file:///etc/passwd",
-    "FiLe:///etc/shadow",
-    " file:///etc/passwd",
-    "/etc/passwd",
-    "../../etc/passwd",
-    "//evil.test/a.png",
-    "gopher://x",
-    "data:image/png;base64,iVBORw0KGgo=",
-    " DATA:image/png;base64,iVBORw0KGgo=",
-    "da\nta:image/png;base64,AAAA",
+    *SHARED_CALLER_URLS,
     "evidence: ev_abc",
     " evidence:ev_abc",
     "EVIDENCE:ev_abc",

@@ -23,7 +23,8 @@ from gateway.harness import SIM_ROUTE
 from gateway.simulator import SimRequest
 from tests.support import rawhttp
 from tests.support.poll import eventually
-from tests.support.stack import Stack, chat_body, running_stack, sse_data
+from tests.support.stack import Stack, chat_body, running_stack, sse_data, worker_posts
+from tests.support.urls import CALLER_URLS
 
 PNG = SAMPLES["tiny.png"]()
 WAV = SAMPLES["tiny.wav"]()
@@ -32,19 +33,6 @@ UNKNOWN_ID = "ev_" + "a" * 26
 LEASES = "gateway_evidence_leases_active"
 RECORD_KEYS = {"id", "object", "sha256", "media_type", "bytes", "created", "locator_sha256"}
 
-CALLER_URLS = [
-    "http://169.254.169.254/latest/meta-data",
-    "https://example.com/a.png",
-    "file:///etc/passwd",
-    "FILE:///etc/passwd",
-    " file:///etc/passwd",
-    "data:image/png;base64," + base64.b64encode(PNG).decode(),
-    "gopher://x",
-    "//host/a.png",
-    "../../etc/passwd",
-    "evidence: ev_x",
-    " EVIDENCE:ev_x",
-]
 
 BASE_LIMITS = {"max_output_tokens": 512, "requests_per_minute": 6000}
 
@@ -91,12 +79,6 @@ def chat(stack: Stack, body: Any, tenant: str = "acme") -> httpx.Response:
         headers=stack.headers(stack.rs256(tenant=tenant)),
         timeout=10,
     )
-
-
-def inference(stack: Stack) -> list[SimRequest]:
-    """What the worker received on its inference routes (readiness polls left out)."""
-    paths = ("/v1/chat/completions", "/v1/completions")
-    return [r for r in stack.sim.requests() if r.path.split("?")[0] in paths]
 
 
 def worker_parts(request: SimRequest) -> list[dict[str, Any]]:
@@ -306,7 +288,7 @@ def test_tenants_cannot_see_each_others_evidence(stack: Stack, owner: str, other
     assert foreign_use.status_code == unknown_use.status_code == 404
     assert foreign_use.content == unknown_use.content
     assert error_code(foreign_use) == "evidence_not_found"
-    assert inference(stack) == []
+    assert worker_posts(stack.sim) == []
 
     # The owner still has it, untouched by the other tenant's DELETE.
     with stack.client(stack.rs256(tenant=owner)) as client:
@@ -333,7 +315,7 @@ def test_multimodal_request_sends_verified_data_urls_in_order(stack: Stack) -> N
     assert response.status_code == 200, response.text
     assert sse_data(response.text)[-1] == "[DONE]"
 
-    [received] = inference(stack)
+    [received] = worker_posts(stack.sim)
     assert isinstance(received.json, dict)
     assert received.json["model"] == SIM_ROUTE
     parts = worker_parts(received)
@@ -373,7 +355,7 @@ def test_file_url_mode_sends_store_references(tmp_path: Path) -> None:
         )
         response = chat(stack, body)
         assert response.status_code == 200, response.text
-        [received] = inference(stack)
+        [received] = worker_posts(stack.sim)
         assert [url_of(p) for p in worker_parts(received)[:2]] == [
             f"file:///srv/mosaic-evidence/{sha(WAV)}.wav",
             f"file:///srv/mosaic-evidence/{sha(PNG)}.png",
@@ -396,7 +378,7 @@ def test_every_caller_url_form_is_refused_before_the_worker(stack: Stack) -> Non
         receipt = stack.receipt(response.headers["x-request-id"])
         assert (receipt["outcome"], receipt["error_code"]) == ("rejected", "caller_url_forbidden")
         assert receipt["request_sha256"] is None
-    assert inference(stack) == []
+    assert worker_posts(stack.sim) == []
     assert no_leases(stack)
 
 
@@ -405,7 +387,7 @@ def test_modality_mismatch_is_refused_before_the_worker(stack: Stack) -> None:
     response = chat(stack, multimodal(media_part("image", f"evidence:{audio['id']}")))
     assert response.status_code == 400
     assert error_code(response) == "modality_not_allowed"
-    assert inference(stack) == []
+    assert worker_posts(stack.sim) == []
     assert no_leases(stack)
 
 
@@ -424,8 +406,8 @@ def test_forwarded_body_over_the_worker_limit_is_refused(tmp_path: Path) -> None
         too_big = chat(stack, multimodal(part, part, text="x" * 800))
         assert too_big.status_code == 400
         assert error_code(too_big) == "media_limit_exceeded"
-        assert len(inference(stack)) == 1
-        assert len(inference(stack)[0].body) <= 3000
+        assert len(worker_posts(stack.sim)) == 1
+        assert len(worker_posts(stack.sim)[0].body) <= 3000
         assert no_leases(stack)
 
 
@@ -511,7 +493,7 @@ def test_drop_policy_removes_caller_urls_and_records_them(tmp_path: Path) -> Non
         body = chat_body(stream=True, messages=[{"role": "user", "content": content}])
         response = chat(stack, body)
         assert response.status_code == 200, response.text
-        [received] = inference(stack)
+        [received] = worker_posts(stack.sim)
         parts = worker_parts(received)
         assert [p["type"] for p in parts] == ["text", "image_url", "text"]
         assert sha(decoded(url_of(parts[1]))[1]) == sha(PNG)
@@ -523,7 +505,7 @@ def test_drop_policy_removes_caller_urls_and_records_them(tmp_path: Path) -> Non
         # globex keeps the default policy: the same request is refused there.
         refused = chat(stack, body, tenant="globex")
         assert error_code(refused) == "caller_url_forbidden"
-        assert len(inference(stack)) == 1
+        assert len(worker_posts(stack.sim)) == 1
 
 
 def test_inline_stage_policy_stages_data_urls(tmp_path: Path) -> None:
@@ -536,7 +518,7 @@ def test_inline_stage_policy_stages_data_urls(tmp_path: Path) -> None:
         )
         response = chat(stack, body)
         assert response.status_code == 200, response.text
-        [received] = inference(stack)
+        [received] = worker_posts(stack.sim)
         parts = worker_parts(received)
         mime, data = decoded(url_of(parts[0]))
         assert (mime, data) == ("image/png", PNG)
@@ -563,7 +545,7 @@ def test_inline_stage_policy_stages_data_urls(tmp_path: Path) -> None:
         # Other caller URLs stay refused.
         http_url = chat(stack, multimodal(media_part("image", "https://example.com/a.png")))
         assert error_code(http_url) == "caller_url_forbidden"
-        assert len(inference(stack)) == 1
+        assert len(worker_posts(stack.sim)) == 1
         assert no_leases(stack)
 
 
@@ -601,4 +583,4 @@ def test_disconnect_while_media_resolves_still_gives_everything_back(tmp_path: P
         assert [a["sha256"] for a in receipt["artifacts"]] == [sha(PNG)]
         assert eventually(lambda: no_leases(stack))
         assert eventually(lambda: files_in(stack) == set())
-        assert inference(stack) == []
+        assert worker_posts(stack.sim) == []

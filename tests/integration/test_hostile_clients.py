@@ -19,7 +19,7 @@ import pytest
 
 from tests.support import rawhttp
 from tests.support.poll import eventually
-from tests.support.stack import Stack, chat_body, running_stack
+from tests.support.stack import Stack, chat_body, running_stack, worker_posts
 
 HEADER_TIMEOUT_S = 0.5
 BODY_TIMEOUT_S = 0.5
@@ -61,10 +61,6 @@ def _exchange(stack: Stack, raw: bytes) -> rawhttp.Response:
         sock.close()
 
 
-def _inference_requests(stack: Stack) -> list[Any]:
-    return [r for r in stack.sim.requests() if r.method == "POST"]
-
-
 def _served(stack: Stack) -> bool:
     with stack.client(timeout=5) as client:
         return client.post("/v1/chat/completions", json=chat_body()).status_code == 200
@@ -89,7 +85,7 @@ def test_slow_head_gets_408_while_others_are_served(hostile: Stack) -> None:
     finally:
         slow.close()
         silent.close()
-    assert len(_inference_requests(hostile)) == 1
+    assert len(worker_posts(hostile.sim)) == 1
 
 
 def test_trickled_head_is_cut_at_the_deadline_not_kept_alive(hostile: Stack) -> None:
@@ -135,7 +131,7 @@ def test_slow_body_gets_408_and_a_receipt(hostile: Stack) -> None:
     assert response.closed
     receipt = hostile.receipt("slow-body-1")
     assert (receipt["outcome"], receipt["error_code"]) == ("rejected", "request_timeout")
-    assert len(_inference_requests(hostile)) == 1  # only the served one
+    assert len(worker_posts(hostile.sim)) == 1  # only the served one
     assert hostile.runtime.admission.in_use == 0
 
 
@@ -148,7 +144,15 @@ def test_unread_body_after_a_refusal_is_not_drained_forever(hostile: Stack) -> N
         response = rawhttp.read_response(sock, timeout_s=10)
         assert response.status == 401
         # The caller keeps the body coming, slowly; the gateway stops waiting for it.
-        assert rawhttp.wait_closed(sock, 10)
+        started = time.monotonic()
+        closed = False
+        while not closed and time.monotonic() - started < 8:
+            try:
+                sock.sendall(b"x" * 10)
+            except OSError:
+                break
+            closed = rawhttp.wait_closed(sock, 0.1)
+        assert time.monotonic() - started < BODY_TIMEOUT_S + 3
     finally:
         sock.close()
 
@@ -290,9 +294,14 @@ def test_pipelined_bad_head_never_answers_the_request_before_it(hostile: Stack) 
     finally:
         sock.close()
     assert not received.startswith(b"HTTP/1.1 431")
-    assert not received or received.startswith(b"HTTP/1.1 200")
     receipt = hostile.receipt("pipelined-1")
-    assert receipt["outcome"] in ("canceled", "complete")
+    # Either request 1 was answered (and maybe cut) or the connection went first;
+    # a "complete" receipt with nothing received would mean a lost reply.
+    assert (received.startswith(b"HTTP/1.1 200"), receipt["outcome"]) in {
+        (True, "complete"),
+        (True, "canceled"),
+        (False, "canceled"),
+    }
 
 
 # --------------------------------------------------------- header tricks
@@ -313,15 +322,16 @@ def test_crlf_in_request_id_cannot_inject_a_response_header(hostile: Stack) -> N
 
 
 @pytest.mark.parametrize(
-    "value",
-    ["abc\rdef", "abc def", "a" * 65, "abc\x00", "é"],
+    ("value", "refused"),
+    [("abc\rdef", True), ("abc def", False), ("a" * 65, False), ("abc\x00", True), ("é", False)],
     ids=["bare-cr", "space", "too-long", "nul", "non-ascii"],
 )
-def test_odd_request_ids_are_replaced_or_refused(hostile: Stack, value: str) -> None:
+def test_odd_request_ids_are_replaced_or_refused(hostile: Stack, value: str, refused: bool) -> None:
     response = _exchange(
         hostile, rawhttp.request("GET", "/livez", headers=[("x-request-id", value)])
     )
-    if response.status == 400:  # the parser refused the header outright
+    if refused:  # control characters: the parser refuses the header outright
+        assert response.status == 400
         assert response.error_code() == "invalid_request"
         assert response.closed
     else:
@@ -350,7 +360,7 @@ def test_duplicate_authorization_in_raw_casing_is_refused(hostile: Stack) -> Non
     )
     assert response.status == 401
     assert token not in response.body.decode()
-    assert _inference_requests(hostile) == []
+    assert worker_posts(hostile.sim) == []
 
 
 _BODY = b'{"model":"gemma-4-mm","messages":[{"role":"user","content":"hi"}]}'
@@ -395,7 +405,7 @@ def test_framing_tricks_are_refused(
     )
     assert response.status == 400
     assert response.error_code() == "invalid_request"
-    assert _inference_requests(hostile) == []
+    assert worker_posts(hostile.sim) == []
 
 
 def test_plain_chunked_body_is_fine(hostile: Stack) -> None:
@@ -409,27 +419,35 @@ def test_plain_chunked_body_is_fine(hostile: Stack) -> None:
 
 
 @pytest.mark.parametrize(
-    "raw",
+    ("raw", "status", "code"),
     [
-        b"GET /livez HTTP/1.0\r\n\r\n",
-        b"GET /livez HTTP/1.0\r\nconnection: keep-alive\r\n\r\n",
-        b"GET /livez\r\n\r\n",
-        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
-        b"GET /livez HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n",
-        b"CONNECT 127.0.0.1:1234 HTTP/1.1\r\nhost: 127.0.0.1:1234\r\n\r\n",
-        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
+        (b"GET /livez HTTP/1.0\r\n\r\n", 505, "http_version_not_supported"),
+        (
+            b"GET /livez HTTP/1.0\r\nconnection: keep-alive\r\n\r\n",
+            505,
+            "http_version_not_supported",
+        ),
+        (b"GET /livez\r\n\r\n", 505, "http_version_not_supported"),
+        (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 400, "invalid_request"),
+        (
+            b"GET /livez HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n",
+            400,
+            "invalid_request",
+        ),
+        (
+            b"CONNECT 127.0.0.1:1234 HTTP/1.1\r\nhost: 127.0.0.1:1234\r\n\r\n",
+            400,
+            "invalid_request",
+        ),
+        (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", 400, "invalid_request"),
     ],
     ids=["http10", "http10-keepalive", "http09", "h2-preface", "h2c-upgrade", "connect", "tls"],
 )
-def test_other_protocols_are_refused(hostile: Stack, raw: bytes) -> None:
+def test_other_protocols_are_refused(hostile: Stack, raw: bytes, status: int, code: str) -> None:
     response = _exchange(hostile, raw)
-    assert response.status in (400, 505)
-    if response.status == 505:
-        assert response.error_code() == "http_version_not_supported"
-    else:
-        assert response.error_code() == "invalid_request"
+    assert (response.status, response.error_code()) == (status, code)
     assert response.closed
-    assert _inference_requests(hostile) == []
+    assert worker_posts(hostile.sim) == []
 
 
 # ------------------------------------------------------------ slow readers
@@ -470,9 +488,7 @@ def test_caller_that_stops_reading_holds_bounded_memory_and_is_cut(hostile: Stac
 
     def stalled() -> Any:
         # requests() returns snapshots: look again each time.
-        (found,) = [
-            r for r in _inference_requests(hostile) if r.headers["x-request-id"] == "stall-1"
-        ]
+        (found,) = [r for r in worker_posts(hostile.sim) if r.headers["x-request-id"] == "stall-1"]
         return found
 
     # The gateway freed the worker (the simulator saw the connection drop) ...

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.simulator import Simulator
 from tests.support.poll import eventually
-from tests.support.stack import Stack, chat_body, running_stack, sse_data
+from tests.support.stack import Stack, chat_body, running_stack, sse_data, worker_posts
 
 POLL_S = 0.2
 #: two poll intervals, plus a little for the poll itself and thread scheduling
@@ -68,10 +68,6 @@ def readyz_turns(client: httpx.Client, status: int) -> bool:
     return eventually(lambda: client.get("/readyz").status_code == status, WITHIN_S)
 
 
-def inference_requests(sim: Simulator) -> int:
-    return sum(1 for r in sim.requests() if r.path.startswith("/v1/chat/completions"))
-
-
 def _reloading(sim: Simulator) -> None:
     sim.set_model_status("reloading")
 
@@ -116,11 +112,11 @@ def test_readiness_follows_the_worker(
         assert client.get("/readyz").json() == {"status": "not_ready", "draining": False}
         assert sample_value(samples(client), "gateway_upstream_ready") == 0.0
 
-        before = inference_requests(stack.sim)
+        before = len(worker_posts(stack.sim))
         refused = client.post("/v1/chat/completions", json=chat_body(stream=True))
         assert refused.status_code == 503
         assert refused.json()["error"]["code"] == "upstream_not_ready"
-        assert inference_requests(stack.sim) == before
+        assert len(worker_posts(stack.sim)) == before
         receipt = stack.receipt(refused.headers["x-request-id"])
         assert (receipt["outcome"], receipt["error_code"]) == ("rejected", "upstream_not_ready")
         assert receipt["request_sha256"] is None

@@ -42,7 +42,7 @@ from tests.support.jwt import (
     make_claims,
     sign_rs256,
 )
-from tests.support.stack import DEV_ISSUER, chat_body, issuers, policies, sse_data
+from tests.support.stack import DEV_ISSUER, chat_body, issuers, policies, sse_data, worker_posts
 
 REPO = Path(__file__).resolve().parents[2]
 _LISTENING = re.compile(r"^mistralrs-gateway listening on (https?)://127\.0\.0\.1:(\d+)$")
@@ -149,10 +149,6 @@ def rs256(kid: str = "k1", key: str = "rsa1") -> str:
 
 def bearer(token: str) -> dict[str, str]:
     return {"authorization": f"Bearer {token}"}
-
-
-def inference_requests(sim: Simulator) -> int:
-    return sum(1 for r in sim.requests() if r.path.startswith("/v1/chat/completions"))
 
 
 def _config(tmp: Path, sim: Simulator, **sections: Any) -> Path:
@@ -508,7 +504,7 @@ def test_sigterm_drains_then_exits_zero(tmp_path: Path) -> None:
             )
             assert late.status_code == 503
             assert late.json()["error"]["code"] == "upstream_not_ready"
-            assert inference_requests(sim) == 3
+            assert len(worker_posts(sim)) == 3
 
             for thread in threads:
                 thread.join(10)
@@ -595,4 +591,4 @@ def test_drain_ends_a_request_still_sending_its_body(tmp_path: Path) -> None:
     assert exited_at - sigterm_at < 8  # the body timeout (60 s) did not decide it
     receipt = {r["request_id"]: r for r in read_receipts(gw.receipts_path())}["drain-body"]
     assert (receipt["outcome"], receipt["error_code"]) == ("incomplete", "upstream_unavailable")
-    assert inference_requests(sim) == 0
+    assert len(worker_posts(sim)) == 0

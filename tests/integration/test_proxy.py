@@ -15,15 +15,11 @@ import pytest
 
 from gateway.harness import SIM_ROUTE
 from tests.support.jwt import RSA1_PUBLIC_PEM, make_claims, sign_raw, sign_rs256
-from tests.support.stack import API_KEY, Stack, chat_body, sse_data
+from tests.support.stack import API_KEY, Stack, chat_body, sse_data, worker_posts
 
 
 def _sdk(stack: Stack, token: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=stack.url + "/v1", api_key=token, max_retries=0, timeout=10)
-
-
-def _inference_requests(stack: Stack) -> list[Any]:
-    return [r for r in stack.sim.requests() if r.path.startswith("/v1/") and r.method == "POST"]
 
 
 @pytest.mark.parametrize("credential", ["rs256", "hs256", "api_key"])
@@ -65,7 +61,8 @@ def test_worker_gets_exact_route_and_no_credentials(stack: Stack) -> None:
         )
     assert response.status_code == 200
     assert response.headers["x-request-id"] == "trace-42"
-    [seen] = _inference_requests(stack)
+    [seen] = worker_posts(stack.sim)
+    assert seen.json is not None
     assert seen.json["model"] == SIM_ROUTE
     assert seen.json["stream"] is True
     assert seen.json["stream_options"] == {"include_usage": True}
@@ -144,7 +141,7 @@ def test_invalid_tokens_are_401(stack: Stack, case: str) -> None:
     assert info.value.code == "invalid_token"
     assert info.value.response.headers["www-authenticate"].startswith("Bearer")
     assert token not in info.value.response.text
-    assert _inference_requests(stack) == []
+    assert worker_posts(stack.sim) == []
 
 
 @pytest.mark.parametrize(
@@ -187,7 +184,7 @@ def test_forbidden_and_not_found(stack: Stack) -> None:
         with pytest.raises(openai.NotFoundError) as missing:
             client.chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}])
         assert missing.value.code == "model_not_found"
-    assert _inference_requests(stack) == []
+    assert worker_posts(stack.sim) == []
 
 
 def test_endpoint_not_allowed(tmp_path: Any) -> None:
@@ -216,7 +213,7 @@ def test_request_bounds(stack: Stack, body: dict[str, Any], code: str) -> None:
         response = client.post("/v1/chat/completions", json=body)
     assert response.status_code == 400
     assert response.json()["error"]["code"] == code
-    assert _inference_requests(stack) == []
+    assert worker_posts(stack.sim) == []
     receipt = stack.receipt(response.headers["x-request-id"])
     assert receipt["outcome"] == "rejected" and receipt["error_code"] == code
     assert receipt["request_sha256"] is None
@@ -257,7 +254,7 @@ def test_body_limit_content_length_and_chunked(tmp_path: Any) -> None:
         for response in (declared, chunked):
             assert response.status_code == 413
             assert response.json()["error"]["code"] == "body_too_large"
-        assert _inference_requests(stack) == []
+        assert worker_posts(stack.sim) == []
 
 
 def test_sdk_error_classes_for_limits(stack: Stack) -> None:
@@ -284,7 +281,7 @@ def test_admin_routes_unreachable(stack: Stack) -> None:
             response = client.request(method, path, json={})
             assert response.status_code == 404, path
             assert response.json()["error"]["code"] == "not_found"
-    assert _inference_requests(stack) == []
+    assert worker_posts(stack.sim) == []
 
 
 def test_cors_exact_origin(tmp_path: Any) -> None:
@@ -321,7 +318,7 @@ def test_inference_paths_other_methods_are_405(stack: Stack) -> None:
             assert response.status_code == 405, path
             assert response.json()["error"]["code"] == "method_not_allowed"
             assert response.headers["x-request-id"]
-    assert _inference_requests(stack) == []
+    assert worker_posts(stack.sim) == []
 
 
 def test_unexpected_error_is_a_clean_500_and_releases_everything(

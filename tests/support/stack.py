@@ -23,7 +23,7 @@ from gateway.harness import (
     wait_receipt,
     write_config,
 )
-from gateway.simulator import Simulator
+from gateway.simulator import SimRequest, Simulator
 from tests.support.jwt import AUDIENCE, HS_SECRET, ISSUER, JWKS_PATH, make_claims, sign_rs256
 
 API_KEY = "sk-test-acme-nightly-batch-0000000000000000"
@@ -101,6 +101,12 @@ class Stack:
     def metric(self, name: str, **labels: str) -> float:
         value = self.runtime.metrics.registry.get_sample_value(name, labels or None)
         return 0.0 if value is None else float(value)
+
+
+def worker_posts(sim: Simulator) -> list[SimRequest]:
+    """Every POST the worker received: inference and any admin route (the
+    readiness poll only GETs). Tests assert on it to show what got through."""
+    return [r for r in sim.requests() if r.method == "POST"]
 
 
 def chat_body(text: str = "hello", *, stream: bool = False, **extra: Any) -> dict[str, Any]:
