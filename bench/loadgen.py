@@ -25,6 +25,9 @@ _MAX_BUFFER = 16 * 1024 * 1024
 _TAIL = 64
 
 
+NOT_SENT = "not sent (time budget)"
+
+
 @dataclass(slots=True)
 class Result:
     status: int = 0
@@ -32,6 +35,10 @@ class Result:
     duration_s: float = 0.0
     done: bool = False
     error: str | None = None
+
+    @property
+    def sent(self) -> bool:
+        return self.error != NOT_SENT
 
 
 class _ProtocolError(Exception):
@@ -249,7 +256,7 @@ async def run_load(
         if owned:
             close_connections(conns)
     skipped = total - len(out.results)
-    out.results.extend(Result(error="not sent (time budget)") for _ in range(skipped))
+    out.results.extend(Result(error=NOT_SENT) for _ in range(skipped))
     return out
 
 

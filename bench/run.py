@@ -46,6 +46,8 @@ from bench.loadgen import (
 from bench.procs import Child
 from gateway.evidence.samples import SAMPLES
 from gateway.harness import DEMO_SECRET_ENV, SIM_ROUTE, default_policy, new_dev_secret, write_config
+from gateway.simulator.server import loop_factory
+from tests.support.poll import eventually
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ROOT / "fixtures" / "keys"
@@ -232,7 +234,7 @@ def _ms(value: float | None) -> float | None:
 
 def _figures(load: LoadResult, server: Child, sim: Child, cpu: dict[str, float]) -> dict[str, Any]:
     ok = load.ok
-    sent = sum(1 for r in load.results if r.error != "not sent (time budget)")
+    sent = sum(1 for r in load.results if r.sent)
     per_k = 1000 / len(ok) if ok else 0.0
     return {
         "sent": sent,
@@ -260,8 +262,11 @@ def _measure(
     warm_for: Callable[[int], bytes],
     budget_s: float,
     timeout_s: float,
+    receipts: Path | None,
 ) -> dict[str, Any]:
-    run = asyncio.Runner(loop_factory=_loop_factory())
+    """One scenario against ``server``; ``receipts`` is the gateway's audit file
+    (None direct): its lines show when the gateway's work for a run is done."""
+    run = asyncio.Runner(loop_factory=loop_factory())
     with run:
         # Callers keep connections to the gateway alive: open them once, warm up
         # over them (which also opens the gateway's own pool to the worker), then
@@ -282,12 +287,16 @@ def _measure(
             )
 
         try:
+            written = _lines(receipts)
             load(warm_for, scenario.concurrency)
-            time.sleep(0.3)
+            # The warm-up's receipts (the last work of each request) are on disk
+            # before the measured window opens, and the measured run's before it
+            # closes.
+            written = _settle(receipts, written + scenario.concurrency)
             server.reset_peak_rss()
             before = {"server": server.cpu_s(), "sim": sim.cpu_s(), "client": time.process_time()}
             measured = load(payload_for, scenario.total)
-            time.sleep(0.2)  # receipts and metrics land just after the last byte
+            _settle(receipts, written + sum(1 for r in measured.results if r.sent))
             after = {"server": server.cpu_s(), "sim": sim.cpu_s(), "client": time.process_time()}
         finally:
             close_connections(conns)
@@ -297,13 +306,15 @@ def _measure(
     return _figures(measured, server, sim, cpu)
 
 
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover
-        return asyncio.new_event_loop
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
+def _lines(path: Path | None) -> int:
+    return path.read_bytes().count(b"\n") if path is not None and path.exists() else 0
+
+
+def _settle(receipts: Path | None, expected: int, timeout_s: float = 10) -> int:
+    """Wait (bounded) until the audit file holds ``expected`` lines; its count."""
+    if receipts is not None:
+        eventually(lambda: _lines(receipts) >= expected, timeout_s)
+    return _lines(receipts)
 
 
 RATIO_KEYS = (
@@ -399,13 +410,17 @@ def table(report: dict[str, Any]) -> str:
 
 def _start_profiler(directory: Path | None, pid: int, name: str) -> Child | None:
     """py-spy on the gateway PID for one scenario (``--profile``; developer aid)."""
-    spy = Path(sys.executable).parent / "py-spy"
-    if directory is None or not spy.exists():
+    if directory is None:
         return None
+    spy = Path(sys.executable).parent / "py-spy"
+    if not spy.exists():
+        raise SystemExit("--profile needs py-spy: pip install -e '.[profile]'")
     directory.mkdir(parents=True, exist_ok=True)
     argv = [str(spy), "record", "--nonblocking", "-r", "200", "-f", "raw", "-p", str(pid)]
     child = Child(f"py-spy-{name}", [*argv, "-o", str(directory / f"{name}.txt")], directory, {})
-    time.sleep(0.5)
+    if not eventually(lambda: b"Sampling process" in child.stdout_path.read_bytes(), 10):
+        child.stop()
+        raise RuntimeError("py-spy did not attach to the gateway")
     return child
 
 
@@ -487,6 +502,7 @@ def run(
                     _payloads(server.port, via, warm, tokens, media),
                     budget_s,
                     timeout_s,
+                    workdir / "var" / "receipts.jsonl" if via else None,
                 )
                 if spy is not None:
                     spy.stop(sig=signal.SIGINT)  # py-spy writes its output on SIGINT

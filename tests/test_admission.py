@@ -490,6 +490,7 @@ async def test_queue_full_and_weight_exceeded_via_the_wrapper() -> None:
     held = await adm.acquire("a", 1, share=1, max_permits=1, timeout_s=1)
     waiter = asyncio.create_task(adm.acquire("a", 1, share=1, max_permits=1, timeout_s=5))
     await asyncio.sleep(0)
+    assert adm.queue_depth == 1
     with pytest.raises(GatewayError) as full:
         await adm.acquire("b", 1, share=1, max_permits=1, timeout_s=5)
     assert full.value.code == "queue_full"
@@ -551,6 +552,7 @@ async def test_cancel_then_grant_passes_the_units_on() -> None:
     await asyncio.sleep(0)
     later = asyncio.create_task(adm.acquire("c", 1, share=1, max_permits=1, timeout_s=5))
     await asyncio.sleep(0)
+    assert adm.queue_depth == 2
     doomed.cancel()  # its future is cancelled, but the task has not run yet
     held.release()  # the grant finds a cancelled waiter and moves on
     with pytest.raises(asyncio.CancelledError):

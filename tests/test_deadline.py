@@ -55,35 +55,24 @@ async def test_no_expiry_when_the_block_ends_in_time() -> None:
     await asyncio.sleep(0.08)
 
 
-async def test_outside_cancel_is_not_turned_into_timeout() -> None:
+@pytest.mark.parametrize("racing", [False, True], ids=["alone", "racing-expiry"])
+async def test_outside_cancel_is_not_turned_into_timeout(racing: bool) -> None:
     loop = asyncio.get_running_loop()
     entered = asyncio.Event()
+    when = loop.time() + (0.01 if racing else 30)
 
     async def body() -> None:
-        async with Deadline(loop.time() + 30):
+        async with Deadline(when):
             entered.set()
             await _forever()
 
     task = asyncio.create_task(body())
     await entered.wait()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-
-
-async def test_outside_cancel_racing_expiry_stays_a_cancel() -> None:
-    loop = asyncio.get_running_loop()
-    entered = asyncio.Event()
-
-    async def body() -> None:
-        async with Deadline(loop.time() + 0.01):
-            entered.set()
-            await _forever()
-
-    task = asyncio.create_task(body())
-    await entered.wait()
-    # Cancel from outside in the same loop turn as the deadline fires.
-    loop.call_at(loop.time() + 0.01, task.cancel)
+    if racing:
+        # The outside cancel is due at the same loop time as the deadline.
+        loop.call_at(when, task.cancel)
+    else:
+        task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
 

@@ -32,7 +32,8 @@ def _require_loopback(host: str) -> None:
         raise ValueError(f"the simulator binds loopback only, not {host!r}")
 
 
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
+    """uvloop where it is installed (as the gateway runs), else asyncio's loop."""
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop ships with uvicorn[standard]
@@ -156,7 +157,7 @@ class Simulator:
             raise RuntimeError("simulator failed to start") from self._error
 
     def _thread_main(self) -> None:
-        loop = _loop_factory()()
+        loop = loop_factory()()
         self._loop = loop
         try:
             self._main = loop.create_task(self.serve_forever())
@@ -283,6 +284,6 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(asyncio.CancelledError):
             await serving
 
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
         runner.run(run())
     return 0

@@ -159,17 +159,19 @@ def test_files_ignores_foreign_names(tmp_path: Path) -> None:
 
 def test_exclusive_is_reentrant_and_excludes_other_threads(tmp_path: Path) -> None:
     store = EvidenceStore(tmp_path)
-    entered = threading.Event()
+    entered, trying = threading.Event(), threading.Event()
     with store.exclusive(), store.exclusive():
         store.put(DATA, PNG)  # takes the lock again on this thread
 
         def contender() -> None:
+            trying.set()
             with store.exclusive():
                 entered.set()
 
         thread = threading.Thread(target=contender)
         thread.start()
-        assert not entered.wait(0.2)
+        assert trying.wait(5)  # the contender is at the lock ...
+        assert not entered.wait(0.2)  # ... and does not get past it while we hold it
     assert entered.wait(5)
     thread.join(5)
 
