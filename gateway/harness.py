@@ -109,28 +109,7 @@ def wait_receipt(path: Path, request_id: str, timeout_s: float = 5) -> dict[str,
 class ThreadedServer:
     """uvicorn on its own thread and loop; ``start`` returns once it listens."""
 
-    def __init__(
-        self,
-        app: Any,
-        *,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        http: Any = "httptools",
-        **options: Any,
-    ):
-        config = uvicorn.Config(
-            app,
-            host=host,
-            port=port,
-            loop="asyncio",
-            http=http,
-            lifespan="on",
-            access_log=False,
-            log_config=None,
-            proxy_headers=False,  # as `serve` runs it
-            timeout_graceful_shutdown=2,
-            **options,
-        )
+    def __init__(self, config: uvicorn.Config) -> None:
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="gateway", daemon=True)
         self.port = 0
@@ -154,13 +133,17 @@ class Gateway:
 
     def __init__(self, config_path: Path, **server_options: Any) -> None:
         from gateway.app import create_app
-        from gateway.protocol import protocol_class
+        from gateway.server import uvicorn_config
 
         self.loaded: Loaded = load_all(config_path)
         self.app = create_app(self.loaded)
-        # The listener's own protocol (head/body limits), as `serve` runs it.
-        server_options.setdefault("http", protocol_class(self.loaded.config.listen))
-        self.server = ThreadedServer(self.app, **server_options)
+        # The listener exactly as `serve` builds it, except: the stdlib event loop,
+        # so that tracemalloc sees transport buffers in memory-bound tests, and a
+        # short shutdown; tests may override single options.
+        options: dict[str, Any] = {"loop": "asyncio", "timeout_graceful_shutdown": 2}
+        options.update(server_options)
+        config = uvicorn_config(self.loaded, self.app, "127.0.0.1", 0, **options)
+        self.server = ThreadedServer(config)
 
     def __enter__(self) -> Gateway:
         self.server.start()

@@ -31,7 +31,10 @@ except ImportError:  # pragma: no cover
     _LOOP = "asyncio"
 
 
-def uvicorn_config(loaded: Loaded, app: Any, host: str, port: int) -> uvicorn.Config:
+def uvicorn_config(
+    loaded: Loaded, app: Any, host: str, port: int, **overrides: Any
+) -> uvicorn.Config:
+    """The listener as served; ``overrides`` (tests, demo) replace single options."""
     listen = loaded.config.listen
     tls: dict[str, Any] = {}
     if listen.tls is not None:
@@ -42,23 +45,21 @@ def uvicorn_config(loaded: Loaded, app: Any, host: str, port: int) -> uvicorn.Co
         if listen.tls.client_ca is not None:
             tls["ssl_ca_certs"] = str(listen.tls.client_ca)
             tls["ssl_cert_reqs"] = ssl.CERT_REQUIRED
-    return uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        loop=_LOOP,
-        http=protocol_class(listen),
-        lifespan="on",
-        access_log=False,
-        log_config=None,
-        server_header=False,
+    options: dict[str, Any] = {
+        "loop": _LOOP,
+        "http": protocol_class(listen),
+        "lifespan": "on",
+        "access_log": False,
+        "log_config": None,
+        "server_header": False,
         # Callers reach the sidecar directly; X-Forwarded-* from them is not trusted.
-        proxy_headers=False,
-        date_header=True,
-        timeout_keep_alive=15,
-        timeout_graceful_shutdown=5,
+        "proxy_headers": False,
+        "date_header": True,
+        "timeout_keep_alive": 15,
+        "timeout_graceful_shutdown": 5,
         **tls,
-    )
+    }
+    return uvicorn.Config(app, host=host, port=port, **{**options, **overrides})
 
 
 class GatewayServer(uvicorn.Server):
