@@ -148,7 +148,10 @@ class GatewayApp:
         elapsed = time.monotonic() - info.started
         runtime: Runtime | None = getattr(self.state, "runtime", None)
         if runtime is not None:
-            runtime.metrics.request_done(info.tenant, info.endpoint, info.status, elapsed)
+            # Every refusal counted in one place, whichever route answered it.
+            runtime.metrics.request_done(
+                info.tenant, info.endpoint, info.status, elapsed, info.error_code
+            )
         if access_log.isEnabledFor(logging.INFO):
             access_log.info(
                 "request",

@@ -97,9 +97,13 @@ class GatewayMetrics:
             found = self._children[key] = metric.labels(*values)
         return found
 
-    def request_done(self, tenant: str, endpoint: str, status: int, elapsed_s: float) -> None:
+    def request_done(
+        self, tenant: str, endpoint: str, status: int, elapsed_s: float, error_code: str | None
+    ) -> None:
         self.child(self.requests, tenant, endpoint, str(status)).inc()
         self.child(self.duration, endpoint).observe(elapsed_s)
+        if error_code is not None:
+            self.child(self.rejections, tenant, error_code).inc()
 
     def on_admission_change(self, in_use: int, queue_depth: int) -> None:
         self.permits_in_use.set(in_use)

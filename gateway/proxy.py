@@ -105,7 +105,6 @@ class InferenceEndpoint:
         try:
             principal = await rt.auth.authenticate(authorization_values(scope), policies)
         except GatewayError as exc:
-            rt.metrics.child(rt.metrics.rejections, info.tenant, exc.code).inc()
             await send_error(send, exc, info)
             return
         tenant = policies.tenants[principal.tenant]
@@ -408,8 +407,6 @@ class InferenceEndpoint:
             metrics.child(metrics.tokens, tenant, "completion", source).inc(
                 receipt.usage.completion_tokens
             )
-        if receipt.error_code is not None:
-            metrics.child(metrics.rejections, tenant, receipt.error_code).inc()
 
 
 def _record_artifacts(receipt: Receipt, resolved: list[ResolvedMedia]) -> None:

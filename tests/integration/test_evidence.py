@@ -289,6 +289,10 @@ def test_tenants_cannot_see_each_others_evidence(stack: Stack, owner: str, other
     assert foreign_use.content == unknown_use.content
     assert error_code(foreign_use) == "evidence_not_found"
     assert worker_posts(stack.sim) == []
+    # Four refusals on the evidence routes and two on inference, each counted once.
+    # (Counted just after each reply leaves, so read with a deadline.)
+    labels = {"tenant": other, "code": "evidence_not_found"}
+    assert eventually(lambda: stack.metric("gateway_rejections_total", **labels) == 6)
 
     # The owner still has it, untouched by the other tenant's DELETE.
     with stack.client(stack.rs256(tenant=owner)) as client:

@@ -197,6 +197,11 @@ def test_tenant_labels_come_only_from_config(ops_stack: Stack) -> None:
     refused = {"tenant": "-", "endpoint": "chat.completions", "status": "403"}
     assert sample_value(found, "gateway_requests_total", **refused) == 1.0
     assert stranger not in text
+    # Every refusal is counted once, from any route, by code.
+    missing = {"tenant": "-", "code": "missing_credentials"}
+    assert sample_value(found, "gateway_rejections_total", **missing) == 1.0
+    unknown = {"tenant": "-", "code": "tenant_not_configured"}
+    assert sample_value(found, "gateway_rejections_total", **unknown) == 1.0
     tenants = {labels["tenant"] for _, labels, _ in found if "tenant" in labels}
     assert tenants <= {"acme", "globex", "-"}
     assert "acme" in tenants
