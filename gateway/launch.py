@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,7 +62,6 @@ OLDEST_KNOWN_VERSION = (0, 8, 2)
 #: spec §12: older ``serve`` lacks ``--access-log-format``
 JSON_ACCESS_LOG_SINCE = (0, 9, 0)
 
-_VERSION = re.compile(r"^([0-9]+)\.([0-9]+)\.([0-9]+)$")
 
 # Exact names, checked on the part before any "=".
 _FORBIDDEN_FLAGS = frozenset(
@@ -120,19 +118,6 @@ class LaunchPlan:
         }
 
 
-def parse_version(version: str) -> tuple[int, int, int]:
-    match = _VERSION.match(version)
-    if match is None:
-        raise ValueError(f"version must be MAJOR.MINOR.PATCH, got {version!r}")
-    major, minor, patch = (int(g) for g in match.groups())
-    return major, minor, patch
-
-
-def version_at_least(version: str, minimum: tuple[int, int, int]) -> bool:
-    """Numeric comparison (``0.10.0`` > ``0.9.2``); a malformed version raises ValueError."""
-    return parse_version(version) >= minimum
-
-
 def launch_dict(launch: LaunchConfig) -> dict[str, Any]:
     return launch.model_dump(mode="json")
 
@@ -145,18 +130,16 @@ def serve_identity(launch: LaunchConfig) -> str:
 
 
 def build_argv(launch: LaunchConfig) -> list[str]:
-    if not version_at_least(launch.version, OLDEST_KNOWN_VERSION):
+    # Numeric: 0.10.0 > 0.9.2 (the config only admits MAJOR.MINOR.PATCH).
+    version = launch.version_tuple()
+    if version < OLDEST_KNOWN_VERSION:
         oldest = ".".join(str(p) for p in OLDEST_KNOWN_VERSION)
         raise ValueError(
             f"upstream.launch.version {launch.version} is older than {oldest}, "
             "the oldest release with a known `mistralrs serve` contract"
         )
-    if not launch.model_dir.startswith("/"):
-        # mistral.rs reads a -m value that is not an existing path as a hub id and
-        # may download it; an absolute path keeps the worker on the reviewed bundle.
-        raise ValueError("upstream.launch.model_dir must be an absolute path")
     argv = [BINARY, "serve", "--host", LOOPBACK, "--port", str(launch.port), "--no-ui"]
-    if version_at_least(launch.version, JSON_ACCESS_LOG_SINCE):
+    if version >= JSON_ACCESS_LOG_SINCE:
         argv += ["--access-log-format", "json"]
     argv += [
         "-m",

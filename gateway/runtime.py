@@ -155,7 +155,7 @@ async def build_runtime(loaded: Loaded) -> Runtime:
     runtime = Runtime(
         loaded=loaded,
         policies=loaded.policies,
-        auth=Authenticator(config.auth, keys, http=keys_http),
+        auth=Authenticator(keys, http=keys_http),
         upstream=upstream,
         readiness=Readiness(upstream, metrics),
         admission=admission,

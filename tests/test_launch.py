@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from gateway.config import GatewayConfig, LaunchConfig
 from gateway.launch import (
@@ -19,7 +20,6 @@ from gateway.launch import (
     check_argv,
     launch_plan_json,
     serve_identity,
-    version_at_least,
 )
 from gateway.loader import ConfigError, load_config
 
@@ -258,7 +258,7 @@ def test_unsafe_launch_error_is_a_value_error() -> None:
     assert issubclass(UnsafeLaunchError, ValueError)
 
 
-# --- version_at_least -------------------------------------------------------------
+# --- version ordering ---------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -272,14 +272,16 @@ def test_unsafe_launch_error_is_a_value_error() -> None:
         ("10.0.0", (9, 99, 99), True),
     ],
 )
-def test_version_at_least(version: str, minimum: tuple[int, int, int], expected: bool) -> None:
-    assert version_at_least(version, minimum) is expected
+def test_versions_compare_numerically(
+    version: str, minimum: tuple[int, int, int], expected: bool
+) -> None:
+    assert (make(version=version).version_tuple() >= minimum) is expected
 
 
 @pytest.mark.parametrize("bad", ["latest", "0.9", "v0.9.2", "0.9.2-rc1", "", "0.9.x"])
-def test_version_at_least_refuses_malformed(bad: str) -> None:
-    with pytest.raises(ValueError, match=r"MAJOR\.MINOR\.PATCH"):
-        version_at_least(bad, (0, 9, 0))
+def test_malformed_versions_are_refused_at_load(bad: str) -> None:
+    with pytest.raises(ValidationError, match="version"):
+        make(version=bad)
 
 
 # --- serve identity -----------------------------------------------------------------

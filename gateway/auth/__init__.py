@@ -77,14 +77,12 @@ def bearer_value(authorization: list[str]) -> str:
 class Authenticator:
     def __init__(
         self,
-        auth: AuthConfig,
         keys: KeySet,
         *,
         http: httpx.AsyncClient | None = None,
         clock: Callable[[], float] = time.time,
         cache_size: int = 10_000,
     ) -> None:
-        self._auth = auth
         self._http = http
         self._clock = clock
         self._cache_size = cache_size

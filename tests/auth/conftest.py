@@ -88,7 +88,7 @@ def policy_set(
 
 def authenticator(*issuers: IssuerConfig, clock: FakeClock, **kwargs: Any) -> Authenticator:
     auth = auth_config(*issuers)
-    return Authenticator(auth, load_key_set(auth, ENV), clock=clock, **kwargs)
+    return Authenticator(load_key_set(auth, ENV), clock=clock, **kwargs)
 
 
 def reason(exc: GatewayError) -> str:

@@ -240,7 +240,7 @@ async def test_api_key_limited_by_endpoints(auth: Authenticator) -> None:
 
 async def test_mint_round_trips(policies: PolicySet) -> None:
     config = auth_config(rs_issuer(), hs_issuer())
-    auth = Authenticator(config, load_key_set(config, ENV))
+    auth = Authenticator(load_key_set(config, ENV))
     token = mint_dev_token(config, "acme", scopes=["inference"], ttl_s=600, env=ENV)
     principal = await auth.authenticate([f"Bearer {token}"], policies)
     claims = jwt.decode(token, HS_SECRET, algorithms=["HS256"], audience="mistralrs-gateway")

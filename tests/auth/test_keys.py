@@ -173,7 +173,7 @@ async def _url_auth(idp: Idp, clock: FakeClock, *issuers: Any) -> AsyncIterator[
     """An Authenticator whose jwks_url issuers are served by ``idp``."""
     config = auth_config(*issuers)
     async with idp.client() as http:
-        yield Authenticator(config, load_key_set(config, {}), http=http, clock=clock)
+        yield Authenticator(load_key_set(config, {}), http=http, clock=clock)
 
 
 async def test_fetch_ok() -> None:
@@ -239,7 +239,7 @@ async def test_own_client_when_none_injected(
         return made[-1]
 
     config = auth_config(url_issuer(URL))
-    auth = Authenticator(config, load_key_set(config, {}), clock=clock)
+    auth = Authenticator(load_key_set(config, {}), clock=clock)
     monkeypatch.setattr("gateway.auth.httpx.AsyncClient", factory)
     await _auth_ok(auth, policies, sign_rs256(make_claims(now=clock.now)))
     assert len(made) == 1
@@ -250,7 +250,7 @@ async def test_own_client_when_none_injected(
 async def test_injected_client_is_not_closed(clock: FakeClock) -> None:
     async with Idp().client() as http:
         config = auth_config(url_issuer(URL))
-        auth = Authenticator(config, load_key_set(config, {}), http=http, clock=clock)
+        auth = Authenticator(load_key_set(config, {}), http=http, clock=clock)
         await auth.aclose()
         assert not http.is_closed
 
@@ -355,7 +355,7 @@ async def test_rotated_file_is_picked_up_on_unknown_kid(
     jwks_file: Path, clock: FakeClock, policies: PolicySet
 ) -> None:
     config = auth_config(rs_issuer(jwks_file))
-    auth = Authenticator(config, load_key_set(config, {}), clock=clock)
+    auth = Authenticator(load_key_set(config, {}), clock=clock)
     old = sign_rs256(make_claims(now=clock.now))
     await _auth_ok(auth, policies, old)
     shutil.copyfile(JWKS_ROTATED_PATH, jwks_file)
@@ -369,7 +369,7 @@ async def test_broken_file_on_refresh_keeps_current_keys(
     jwks_file: Path, clock: FakeClock, policies: PolicySet
 ) -> None:
     config = auth_config(rs_issuer(jwks_file))
-    auth = Authenticator(config, load_key_set(config, {}), clock=clock)
+    auth = Authenticator(load_key_set(config, {}), clock=clock)
     _write(jwks_file, "{broken")
     rotated = sign_rs256(make_claims(now=clock.now), kid="k2", key="rsa2")
     assert await _auth_fails(auth, policies, rotated) == "unknown_key"
@@ -380,7 +380,7 @@ async def test_swap_drops_removed_keys(
     jwks_file: Path, clock: FakeClock, policies: PolicySet
 ) -> None:
     config = auth_config(rs_issuer(jwks_file))
-    auth = Authenticator(config, load_key_set(config, {}), clock=clock)
+    auth = Authenticator(load_key_set(config, {}), clock=clock)
     old = sign_rs256(make_claims(now=clock.now))
     await _auth_ok(auth, policies, old)  # now cached
     shutil.copyfile(JWKS_ROTATED_PATH, jwks_file)
@@ -391,7 +391,7 @@ async def test_swap_drops_removed_keys(
 
 async def test_swap_to_a_set_without_the_issuer(clock: FakeClock, policies: PolicySet) -> None:
     config = auth_config(rs_issuer())
-    auth = Authenticator(config, load_key_set(config, {}), clock=clock)
+    auth = Authenticator(load_key_set(config, {}), clock=clock)
     token = sign_rs256(make_claims(now=clock.now))
     await _auth_ok(auth, policies, token)
     auth.swap(load_key_set(auth_config(), {}))
@@ -411,7 +411,7 @@ async def test_concurrent_unknown_kids_share_one_fetch(
     config = auth_config(url_issuer(URL))
     token = sign_rs256(make_claims(now=clock.now), kid="k2", key="rsa2")
     async with httpx.AsyncClient(transport=httpx.MockTransport(slow_idp)) as http:
-        auth = Authenticator(config, load_key_set(config, {}), http=http, clock=clock)
+        auth = Authenticator(load_key_set(config, {}), http=http, clock=clock)
         async with anyio.create_task_group() as tg:
             for _ in range(5):
                 tg.start_soon(_auth_ok, auth, policies, token)
