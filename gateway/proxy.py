@@ -271,7 +271,7 @@ class InferenceEndpoint:
             await send_json(call.send, 200, body, rate_headers)
 
     async def _resolve_media(self, call: _Call, plan: RequestPlan) -> list[ResolvedMedia]:
-        pending = plan.pending_media
+        pending = plan.media
         if not pending:
             return []
         tenant = call.tenant

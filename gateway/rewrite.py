@@ -75,7 +75,7 @@ class MediaRef:
     message: int
     part: int
     kind: MediaKind
-    source: Literal["evidence", "data", "caller"]
+    source: Literal["evidence", "data"]
     evidence_id: str | None = None
     data_url: str | None = None  # only for source == "data"
 
@@ -105,10 +105,6 @@ class RequestPlan:
     tools_requested: bool
     media: list[MediaRef] = field(default_factory=list)
     dropped_parts: list[int] = field(default_factory=list)
-
-    @property
-    def pending_media(self) -> list[MediaRef]:
-        return [m for m in self.media if m.source != "caller"]
 
 
 def _bad(code: str, message: str, param: str | None = None) -> GatewayError:
@@ -194,6 +190,9 @@ def _plan_media_part(
     url: str = inner["url"]
     source = _classify_url(url)
     media = tenant.policy.media
+    if source != "caller" and not tenant.allows_modality(kind):
+        # Before any evidence lookup, decoding or staging.
+        raise _bad("modality_not_allowed", f"The {kind} modality is not allowed.", "messages")
     if source == "evidence":
         match = _EVIDENCE_URL.fullmatch(url)
         assert match is not None
@@ -385,7 +384,7 @@ def render(
     dumps: Callable[[Any], bytes],
 ) -> bytes:
     """Step 3: the exact bytes forwarded to the worker."""
-    pending = plan.pending_media
+    pending = plan.media
     if len(resolved) != len(pending):
         raise ValueError("every pending media ref needs exactly one resolution")
     total = 0
@@ -400,8 +399,6 @@ def render(
                     f"A {ref.kind}_url part refers to {media.modality} evidence.",
                     "messages",
                 )
-            if not tenant.allows_modality(media.modality):
-                raise _bad("modality_not_allowed", "This tenant may not send that modality.")
             total += media.size
             parts = touched.setdefault(ref.message, list(messages[ref.message]["content"]))
             key = f"{ref.kind}_url"

@@ -411,12 +411,12 @@ def test_inline_data_staged_becomes_a_pending_ref() -> None:
     body = chat(text("t"), part("image", PNG_DATA_URL), part("audio", "evidence:ev_b"))
     plan = plan_request("chat.completions", body, tenant, ALIASES)
     assert plan.dropped_parts == []
-    assert [(m.source, m.flat_index) for m in plan.pending_media] == [
+    assert [(m.source, m.flat_index) for m in plan.media] == [
         ("data", 1),
         ("evidence", 2),
     ]
-    assert plan.pending_media[0].data_url == PNG_DATA_URL
-    assert plan.pending_media[0].evidence_id is None
+    assert plan.media[0].data_url == PNG_DATA_URL
+    assert plan.media[0].evidence_id is None
     out = do_render(plan, [resolved("image", "ev_new"), resolved("audio", "ev_b")], tenant)
     assert out["messages"][0]["content"][1] == part("image", resolved("image", "ev_new").url)
 
@@ -470,10 +470,11 @@ def test_render_modality_mismatch(kind: str, evidence: str) -> None:
     assert render_code(plan, [resolved(evidence, "ev_a")]) == "modality_not_allowed"
 
 
-def test_render_modality_outside_the_tenant() -> None:
-    tenant = make_tenant(modalities=["text", "image"])
-    plan = plan_request("chat.completions", chat(part("audio", "evidence:ev_a")), tenant, ALIASES)
-    assert render_code(plan, [resolved("audio", "ev_a")], tenant) == "modality_not_allowed"
+@pytest.mark.parametrize("url", ["evidence:ev_a", PNG_DATA_URL])
+def test_modality_outside_the_tenant_is_refused_when_planning(url: str) -> None:
+    # At planning: before any evidence lookup, decoding or staging happens.
+    tenant = make_tenant(modalities=["text", "image"], inline_data="stage")
+    assert refused(chat(part("audio", url)), tenant) == "modality_not_allowed"
 
 
 def test_render_media_byte_limit() -> None:

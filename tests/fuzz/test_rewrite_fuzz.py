@@ -249,7 +249,7 @@ def check_pipeline(
         return None
     resolved = [
         _resolution(ref, i, data.draw(st.sampled_from([ref.kind, ref.kind, ref.kind, "image"])))
-        for i, ref in enumerate(plan.pending_media)
+        for i, ref in enumerate(plan.media)
     ]
     try:
         out = render(
