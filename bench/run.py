@@ -44,9 +44,15 @@ from bench.loadgen import (
     run_load,
 )
 from bench.procs import Child
-from gateway.evidence.samples import SAMPLES
-from gateway.harness import DEMO_SECRET_ENV, SIM_ROUTE, default_policy, new_dev_secret, write_config
-from gateway.simulator.server import loop_factory
+from gateway.testing.harness import (
+    DEMO_SECRET_ENV,
+    SIM_ROUTE,
+    default_policy,
+    new_dev_secret,
+    write_config,
+)
+from gateway.testing.samples import SAMPLES
+from gateway.testing.simulator.server import loop_factory
 from tests.support.poll import eventually
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -461,7 +467,15 @@ def run(
             os.sched_setaffinity(0, placement["load client"])
         sim = Child(
             "simulator",
-            [sys.executable, "-m", "gateway.simulator", "--port", "0", "--model-id", SIM_ROUTE],
+            [
+                sys.executable,
+                "-m",
+                "gateway.testing.simulator",
+                "--port",
+                "0",
+                "--model-id",
+                SIM_ROUTE,
+            ],
             workdir,
             env,
             cpus=None if placement is None else placement["simulator"],

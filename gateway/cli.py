@@ -124,7 +124,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_simulator(args: argparse.Namespace) -> int:
-    from gateway.simulator import main as simulator_main
+    from gateway.testing.simulator import main as simulator_main
 
     return simulator_main(args.rest)
 

@@ -21,8 +21,7 @@ from typing import Any
 import httpx
 
 from gateway.auth import mint_dev_token
-from gateway.evidence.samples import SAMPLES
-from gateway.harness import (
+from gateway.testing.harness import (
     DEMO_SECRET_ENV,
     SIM_ROUTE,
     Gateway,
@@ -31,7 +30,8 @@ from gateway.harness import (
     wait_receipt,
     write_config,
 )
-from gateway.simulator import Simulator
+from gateway.testing.samples import SAMPLES
+from gateway.testing.simulator import Simulator
 
 _UPLOADS = (("tiny.png", "image/png"), ("tiny.wav", "audio/wav"), ("tiny.mp4", "video/mp4"))
 

@@ -29,9 +29,9 @@ from gateway.loader import ConfigError, Loaded, load_config, load_policies
 from gateway.metrics import GatewayMetrics
 from gateway.policy import PolicySet
 from gateway.ratelimit import InMemoryBucketStore, RateLimiter
-from gateway.readiness import Readiness
 from gateway.receipts import ReceiptWriter
-from gateway.upstream import Upstream
+from gateway.upstream.client import Upstream
+from gateway.upstream.readiness import Readiness
 
 log = logging.getLogger("gateway")
 

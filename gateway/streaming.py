@@ -36,7 +36,7 @@ from gateway.asgi import Send
 from gateway.deadline import Deadline
 from gateway.errors import GatewayError
 from gateway.sse import NEED_DATA, Chunk, Done, KeepAlive, SSEValidator
-from gateway.upstream import UpstreamStream
+from gateway.upstream.client import UpstreamStream
 
 Opener = Callable[[], Awaitable[UpstreamStream]]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.harness import DEMO_SECRET_ENV
+from gateway.testing.harness import DEMO_SECRET_ENV
 from tests.support.jwt import HS_SECRET
 from tests.support.stack import Stack, running_stack
 

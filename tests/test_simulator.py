@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.simulator import DEFAULT_MODEL_ID, FAULTS, Simulator, main
+from gateway.testing.simulator import DEFAULT_MODEL_ID, FAULTS, Simulator, main
 
 MODEL = DEFAULT_MODEL_ID
 CHAT = "/v1/chat/completions"
@@ -649,7 +649,7 @@ def test_stop_under_load_leaves_nothing_running(caplog: pytest.LogCaptureFixture
 
 def test_cli_serves_until_sigterm() -> None:
     process = subprocess.Popen(
-        [sys.executable, "-m", "gateway.simulator", "--port", "0", "--chunks", "2"],
+        [sys.executable, "-m", "gateway.testing.simulator", "--port", "0", "--chunks", "2"],
         stdout=subprocess.PIPE,
         text=True,
     )

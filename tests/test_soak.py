@@ -34,10 +34,10 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.evidence.samples import SAMPLES
-from gateway.harness import SIM_ROUTE
 from gateway.server import tune_gc
-from gateway.simulator import Simulator
+from gateway.testing.harness import SIM_ROUTE
+from gateway.testing.samples import SAMPLES
+from gateway.testing.simulator import Simulator
 from tests.support.poll import eventually
 from tests.support.stack import Stack, chat_body, running_stack, sse_data
 

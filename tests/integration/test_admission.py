@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from gateway.evidence.samples import SAMPLES
+from gateway.testing.samples import SAMPLES
 from tests.support.stack import Stack, chat_body, running_stack, sse_data
 
 

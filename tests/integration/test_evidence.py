@@ -18,9 +18,9 @@ import httpx
 import pytest
 
 from gateway import cli
-from gateway.evidence.samples import SAMPLES, build_wav
-from gateway.harness import SIM_ROUTE
-from gateway.simulator import SimRequest
+from gateway.testing.harness import SIM_ROUTE
+from gateway.testing.samples import SAMPLES, build_wav
+from gateway.testing.simulator import SimRequest
 from tests.support import rawhttp
 from tests.support.poll import eventually
 from tests.support.stack import Stack, chat_body, running_stack, sse_data, worker_posts

@@ -19,9 +19,9 @@ import pytest
 
 from gateway.config import UpstreamConfig
 from gateway.errors import GatewayError
-from gateway.harness import SIM_ROUTE
-from gateway.simulator import Simulator
-from gateway.upstream import Upstream
+from gateway.testing.harness import SIM_ROUTE
+from gateway.testing.simulator import Simulator
+from gateway.upstream.client import Upstream
 from tests.support.poll import eventually
 from tests.support.stack import Stack, chat_body, running_stack, worker_posts
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.simulator import Simulator
+from gateway.testing.simulator import Simulator
 from tests.support.poll import eventually
 from tests.support.stack import Stack, chat_body, running_stack, sse_data, worker_posts
 

@@ -31,9 +31,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.auth import mint_dev_token
-from gateway.harness import DEMO_SECRET_ENV, SIM_ROUTE, read_receipts, write_config
 from gateway.loader import load_config
-from gateway.simulator import Simulator
+from gateway.testing.harness import DEMO_SECRET_ENV, SIM_ROUTE, read_receipts, write_config
+from gateway.testing.simulator import Simulator
 from tests.support import rawhttp
 from tests.support.jwt import (
     HS_SECRET,

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.harness import SIM_ROUTE
+from gateway.testing.harness import SIM_ROUTE
 from tests.support.jwt import RSA1_PUBLIC_PEM, make_claims, sign_raw, sign_rs256
 from tests.support.stack import API_KEY, Stack, chat_body, sse_data, worker_posts
 

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.simulator.plans import UNICODE_WORDS
+from gateway.testing.simulator.plans import UNICODE_WORDS
 from tests.support.stack import Stack, chat_body, running_stack, sse_data
 
 # Small timeouts keep every timeout test to about a second.
@@ -33,7 +33,7 @@ FAST = {
 @pytest.fixture(scope="module")
 def fast_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     mp = pytest.MonkeyPatch()
-    from gateway.harness import DEMO_SECRET_ENV
+    from gateway.testing.harness import DEMO_SECRET_ENV
     from tests.support.jwt import HS_SECRET
 
     mp.setenv(DEMO_SECRET_ENV, HS_SECRET)

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from gateway.auth import mint_dev_token
-from gateway.harness import (
+from gateway.testing.harness import (
     DEMO_SECRET_ENV,
     Gateway,
     default_policy,
@@ -23,7 +23,7 @@ from gateway.harness import (
     wait_receipt,
     write_config,
 )
-from gateway.simulator import SimRequest, Simulator
+from gateway.testing.simulator import SimRequest, Simulator
 from tests.support.jwt import AUDIENCE, HS_SECRET, ISSUER, JWKS_PATH, make_claims, sign_rs256
 
 API_KEY = "sk-test-acme-nightly-batch-0000000000000000"
@@ -133,7 +133,7 @@ def running_stack(
     server_options: dict[str, Any] | None = None,
     **sections: Any,
 ) -> Iterator[Stack]:
-    from gateway.harness import SIM_ROUTE
+    from gateway.testing.harness import SIM_ROUTE
 
     sim = Simulator(model_id=SIM_ROUTE, **(sim_options or {}))
     sim.start()

@@ -7,7 +7,7 @@ byte"). It also serves the readiness poll. Only a fixed set of headers is ever
 sent: the caller's credentials and hop-by-hop headers never leave the
 gateway, redirects are never followed and no content decoding is accepted.
 
-Inference streams go through :mod:`gateway.upstream_wire` (raw asyncio +
+Inference streams go through :mod:`gateway.upstream.wire` (raw asyncio +
 httptools, a kept-alive pool): the profile showed httpx/httpcore spending
 more CPU per request and per chunk than the rest of the gateway together.
 The readiness poll and the model listing use httpx.
@@ -25,7 +25,7 @@ import orjson
 
 from gateway.config import UpstreamConfig
 from gateway.errors import GatewayError
-from gateway.upstream_wire import (
+from gateway.upstream.wire import (
     WireConnectError,
     WireConnection,
     WireError,

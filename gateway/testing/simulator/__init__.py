@@ -32,8 +32,8 @@ Theory of operation
   pipelined requests, a hang lasts at most 300 s, ``endless_line`` 512 MiB.
 """
 
-from gateway.simulator.core import SimRequest
-from gateway.simulator.knobs import DEFAULT_MODEL_ID, FAULTS, SimKnobs
-from gateway.simulator.server import Simulator, main
+from gateway.testing.simulator.core import SimRequest
+from gateway.testing.simulator.knobs import DEFAULT_MODEL_ID, FAULTS, SimKnobs
+from gateway.testing.simulator.server import Simulator, main
 
 __all__ = ["DEFAULT_MODEL_ID", "FAULTS", "SimKnobs", "SimRequest", "Simulator", "main"]

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from gateway.simulator.knobs import SIMULATOR_HEADER, SimKnobs
+from gateway.testing.simulator.knobs import SIMULATOR_HEADER, SimKnobs
 
 _INVALID_UTF8_MARK = "\x1asim-invalid-utf8\x1a"
 

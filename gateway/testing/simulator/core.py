@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from gateway.simulator.knobs import DirectiveError, SimKnobs, apply_directives
-from gateway.simulator.plans import (
+from gateway.testing.simulator.knobs import DirectiveError, SimKnobs, apply_directives
+from gateway.testing.simulator.plans import (
     Ctx,
     Op,
     Step,
@@ -29,7 +29,7 @@ from gateway.simulator.plans import (
 )
 
 if TYPE_CHECKING:
-    from gateway.simulator.transport import Connection
+    from gateway.testing.simulator.transport import Connection
 
 _VISIBLE_ASCII = re.compile(r"[\x20-\x7e]+")
 

@@ -14,9 +14,9 @@ from typing import cast
 
 import httptools
 
-from gateway.simulator.core import Core, Incoming, SimRequest
-from gateway.simulator.knobs import MAX_BODY_BYTES, SimKnobs
-from gateway.simulator.plans import Head, Op, Pause, Step
+from gateway.testing.simulator.core import Core, Incoming, SimRequest
+from gateway.testing.simulator.knobs import MAX_BODY_BYTES, SimKnobs
+from gateway.testing.simulator.plans import Head, Op, Pause, Step
 
 _MAX_HEAD_BYTES = 64 * 1024
 

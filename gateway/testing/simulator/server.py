@@ -14,9 +14,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gateway.simulator.core import Core, SimRequest, State
-from gateway.simulator.knobs import DEFAULT_MODEL_ID, MODEL_STATUSES, MODELS_FAULTS, SimKnobs
-from gateway.simulator.transport import Connection
+from gateway.testing.simulator.core import Core, SimRequest, State
+from gateway.testing.simulator.knobs import (
+    DEFAULT_MODEL_ID,
+    MODEL_STATUSES,
+    MODELS_FAULTS,
+    SimKnobs,
+)
+from gateway.testing.simulator.transport import Connection
 
 _READY_TIMEOUT_S = 10.0
 
@@ -247,7 +252,7 @@ class Simulator:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m gateway.simulator",
+        prog="python -m gateway.testing.simulator",
         description="mistral.rs protocol simulator (test equipment; generates no real text)",
     )
     parser.add_argument("--host", default="127.0.0.1")

@@ -13,7 +13,7 @@ import contextlib
 import logging
 
 from gateway.metrics import GatewayMetrics
-from gateway.upstream import Upstream, models_status
+from gateway.upstream.client import Upstream, models_status
 
 log = logging.getLogger("gateway.readiness")
 

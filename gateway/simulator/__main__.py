@@ -1,5 +1,0 @@
-"""``python -m gateway.simulator``."""
-
-from gateway.simulator.server import main
-
-raise SystemExit(main())

@@ -1,0 +1,8 @@
+"""Test and demo equipment, never part of the request path.
+
+- ``simulator``: the mistral.rs protocol SIMULATOR (labelled filler text,
+  never inference) that integration tests, the benchmark and ``make demo``
+  put behind the gateway.
+- ``harness``: the gateway and simulator in-process on loopback.
+- ``samples``: tiny generated media for demos and tests.
+"""

@@ -1,0 +1,5 @@
+"""``python -m gateway.testing.simulator``."""
+
+from gateway.testing.simulator.server import main
+
+raise SystemExit(main())
