@@ -17,7 +17,8 @@ from typing import Any
 
 import orjson
 
-from gateway.sse import NEED_DATA, Done, SSEValidator, StreamRules
+from gateway.apis.chunks import SSEValidator, StreamRules
+from gateway.sse import NEED_DATA, Done
 from tests.support.sse import chunk, event, usage
 
 TOKENS = 4000

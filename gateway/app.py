@@ -20,11 +20,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.apis import APIS
 from gateway.asgi import Receive, RequestInfo, Scope, Send, header, request_id_from, send_error
 from gateway.config import CorsConfig
 from gateway.errors import GatewayError
 from gateway.loader import Loaded
-from gateway.proxy import InferenceEndpoint
+from gateway.pipeline import InferenceEndpoint
 from gateway.routes import evidence_item, evidence_upload, livez, metrics, models, readyz
 from gateway.runtime import Runtime, build_runtime, close_runtime
 
@@ -202,11 +203,10 @@ def create_app(loaded: Loaded) -> GatewayApp:
         finally:
             await close_runtime(runtime)
 
-    chat, completions = InferenceEndpoint("chat.completions"), InferenceEndpoint("completions")
+    inference = {api.path: InferenceEndpoint(api) for api in APIS}
     # Listed in the router too, so that other methods on them get a clean 405.
     routes = [
-        Route(chat.path, chat, methods=["POST"]),
-        Route(completions.path, completions, methods=["POST"]),
+        *(Route(path, endpoint, methods=["POST"]) for path, endpoint in inference.items()),
         Route("/v1/models", _Raw(models), methods=["GET"]),
         Route("/v1/evidence", _Raw(evidence_upload), methods=["POST"]),
         Route("/v1/evidence/{evidence_id}", _Raw(evidence_item), methods=["GET", "DELETE"]),
@@ -222,4 +222,4 @@ def create_app(loaded: Loaded) -> GatewayApp:
     # No 307 for a trailing slash: its Location would be built from the caller's
     # Host header, and every route here has exactly one spelling.
     router.router.redirect_slashes = False
-    return GatewayApp(router, {chat.path: chat, completions.path: completions}, config.cors)
+    return GatewayApp(router, dict(inference), config.cors)

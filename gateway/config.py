@@ -26,6 +26,8 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.sse import Framing
+
 
 def _resolve(value: Path, info: ValidationInfo) -> Path:
     base = (info.context or {}).get("base_dir")
@@ -112,6 +114,8 @@ class UpstreamConfig(Model):
     max_line_bytes: PositiveInt = 1_048_576
     max_stream_bytes: PositiveInt = 67_108_864
     max_events: PositiveInt = 100_000
+    #: U+0000 in streamed text (spec §14): replace with U+FFFD, pass, or reject
+    text_nul: Literal["replace", "pass", "reject"] = "replace"
     launch: LaunchConfig | None = None
 
     @field_validator("base_url")
@@ -134,6 +138,16 @@ class UpstreamConfig(Model):
             if self.launch.model_dir != self.route:
                 raise ValueError("launch.model_dir must equal route (the worker's --model-id)")
         return self
+
+    @property
+    def framing(self) -> Framing:
+        """The stream bounds a worker answer is read under."""
+        return Framing(
+            max_line_bytes=self.max_line_bytes,
+            max_event_bytes=self.max_line_bytes,
+            max_stream_bytes=self.max_stream_bytes,
+            max_events=self.max_events,
+        )
 
     @property
     def port(self) -> int:

@@ -15,7 +15,6 @@ import orjson
 
 from gateway.asgi import Receive, header
 from gateway.errors import GatewayError
-from gateway.rewrite import json_depth_ok
 
 
 class ClientDisconnected(Exception):
@@ -62,6 +61,20 @@ async def _read(receive: Receive, limit: int) -> bytes:
             parts.append(chunk)
         if not message.get("more_body", False):
             return b"".join(parts)
+
+
+def json_depth_ok(value: Any, limit: int) -> bool:
+    """Iterative depth check (no recursion on hostile nesting)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return False
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values() if isinstance(v, dict | list))
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item if isinstance(v, dict | list))
+    return True
 
 
 def parse_json(body: bytes, max_depth: int) -> Any:

@@ -15,17 +15,11 @@ from pydantic import Field, field_validator
 
 from gateway.config import GatewayConfig, Hex64, LimitsConfig, Model, PositiveFloat, PositiveInt
 
-Endpoint = Literal["chat.completions", "completions", "models", "evidence"]
+Endpoint = Literal[
+    "chat.completions", "completions", "responses", "embeddings", "models", "evidence"
+]
 Modality = Literal["text", "image", "audio", "video"]
 MEDIA_MODALITIES: tuple[Modality, ...] = ("image", "audio", "video")
-
-#: the scope each endpoint needs (spec §4 "Scopes")
-ENDPOINT_SCOPE: dict[str, str] = {
-    "chat.completions": "inference",
-    "completions": "inference",
-    "models": "inference",
-    "evidence": "evidence",
-}
 
 TENANT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 
@@ -64,6 +58,14 @@ class MediaPolicy(Model):
     inline_data: Literal["reject", "stage"] = "reject"
 
 
+class EvidencePolicy(Model):
+    """Per-tenant evidence quotas (spec §13)."""
+
+    max_bytes: PositiveInt = 1_073_741_824
+    max_records: PositiveInt = 10_000
+    ttl_s: Annotated[int, Field(ge=0)] = 0  # 0: kept until deleted
+
+
 class TenantPolicy(Model):
     tenant: Annotated[str, Field(pattern=TENANT_NAME)]
     models: dict[str, str] = {}
@@ -74,6 +76,9 @@ class TenantPolicy(Model):
     admission: PolicyAdmission = PolicyAdmission()
     cost: Cost = Cost()
     media: MediaPolicy = MediaPolicy()
+    evidence: EvidencePolicy = EvidencePolicy()
+    #: issuer values whose tokens may act for this tenant (absent: any configured issuer)
+    issuers: list[str] | None = None
 
     @field_validator("models")
     @classmethod
@@ -161,6 +166,10 @@ def check_policy(policy: TenantPolicy, stem: str, config: GatewayConfig) -> list
     names = [k.name for k in policy.api_keys]
     if len(names) != len(set(names)):
         problems.append(("api_keys", "key names must be unique"))
+    configured = {i.issuer for i in config.auth.issuers}
+    for index, issuer in enumerate(policy.issuers or []):
+        if issuer not in configured:
+            problems.append((f"issuers.{index}", "is not a configured auth issuer"))
     return problems
 
 

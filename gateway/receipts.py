@@ -18,21 +18,15 @@ import asyncio
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import anyio.to_thread
 import orjson
 
+from gateway.apis.usage import Usage
+
+__all__ = ["Receipt", "ReceiptWriter", "Usage"]
+
 _LINGER_S = 0.005
-
-
-@dataclass(slots=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    source: str  # reported | estimated
-    reported: dict[str, Any] | None = None  # the worker's usage object, all fields
 
 
 @dataclass(slots=True)
@@ -61,6 +55,8 @@ class Receipt:
     duration_ms: float | None = None
     cancellation: list[str] = field(default_factory=list)
     created: float = 0.0
+    #: U+0000 characters replaced by U+FFFD in the streamed text (upstream.text_nul)
+    nul_replaced: int = 0
 
 
 class ReceiptWriter:

@@ -26,13 +26,17 @@ from gateway.limits import ClientDisconnected, read_body
 from gateway.policy import Tenant
 from gateway.runtime import Runtime
 
+#: the scope each small endpoint needs (spec §4 "Scopes"); inference
+#: descriptors carry their own (gateway/apis)
+_SCOPES = {"models": "inference", "evidence": "evidence"}
+
 
 async def _tenant_for(scope: Scope, rt: Runtime, endpoint: str) -> Tenant:
     policies = rt.policies
     principal = await rt.auth.authenticate(authorization_values(scope), policies)
     tenant = policies.tenants[principal.tenant]
     info_of(scope).tenant = tenant.name
-    authorize(principal, tenant, endpoint)
+    authorize(principal, tenant, endpoint, _SCOPES[endpoint])
     return tenant
 
 

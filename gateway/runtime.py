@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -22,7 +21,9 @@ import httpx
 from gateway.admission import Admission
 from gateway.auth import Authenticator
 from gateway.auth.keys import load_key_set
+from gateway.cancel import Exchange
 from gateway.config import GatewayConfig
+from gateway.errors import GatewayError
 from gateway.evidence.service import EvidenceService
 from gateway.launch import serve_identity as launch_identity
 from gateway.loader import ConfigError, Loaded, load_config, load_policies
@@ -34,37 +35,6 @@ from gateway.upstream.client import Upstream
 from gateway.upstream.readiness import Readiness
 
 log = logging.getLogger("gateway")
-
-
-@dataclass(eq=False)
-class Exchange:
-    """One in-flight inference request, as seen by drain and disconnect handling."""
-
-    #: the listener's "drop this connection now" (gateway.protocol), if served by it
-    abort: Callable[[], None] | None = None
-    #: the request's cancel scope (an asyncio timeout with no deadline until cancel)
-    scope: asyncio.Timeout | None = None
-    disconnected: bool = False
-    #: the caller stopped reading its stream (cut by the idle/total deadline)
-    stalled: bool = False
-    shutdown: bool = False
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def drop_connection(self) -> None:
-        """For a caller that no longer reads: reset its connection."""
-        if self.abort is not None:
-            self.abort()
-
-    def cancel(self, *, shutdown: bool = False) -> None:
-        if shutdown:
-            self.shutdown = True
-        else:
-            self.disconnected = True
-        scope = self.scope
-        if scope is not None and not scope.expired():
-            # A deadline of "now" cancels the request task, which the scope's
-            # exit turns into a TimeoutError the endpoint expects.
-            scope.reschedule(asyncio.get_running_loop().time())
 
 
 @dataclass(eq=False)
@@ -90,6 +60,12 @@ class Runtime:
 
     def accepting(self) -> bool:
         return self.readiness.ready and not self.draining
+
+    def check_serving(self) -> None:
+        """Refuse a new inference or evidence request the gateway cannot serve
+        or cannot keep books for, before it touches the worker."""
+        if not self.accepting():
+            raise GatewayError("upstream_not_ready")
 
     async def reload(self) -> list[str]:
         """SIGHUP: re-read policies and key files; swap only if all are valid."""

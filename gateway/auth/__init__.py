@@ -45,7 +45,7 @@ from gateway.auth.principal import Principal
 from gateway.auth.tokens import JWT_SHAPE, TokenRejected, UnknownKey, reject, route, verify
 from gateway.config import AuthConfig, IssuerConfig
 from gateway.errors import GatewayError
-from gateway.policy import ENDPOINT_SCOPE, PolicySet, Tenant
+from gateway.policy import PolicySet, Tenant
 
 __all__ = [
     "Authenticator",
@@ -212,13 +212,16 @@ class Authenticator:
         self._owns_http = False
 
 
-def authorize(principal: Principal, tenant: Tenant, endpoint: str) -> None:
-    """Refuse unless the tenant allows ``endpoint`` and the credential has its scope."""
+def authorize(principal: Principal, tenant: Tenant, endpoint: str, scope: str) -> None:
+    """Refuse unless the credential's issuer is allowed for the tenant, the
+    tenant allows ``endpoint`` and the credential has ``scope``."""
     if principal.tenant != tenant.name:
         # A caller bug, not a caller's doing; refuse rather than serve across tenants.
         raise GatewayError("tenant_not_configured")
-    scope = ENDPOINT_SCOPE.get(endpoint)
-    if scope is None or not tenant.allows_endpoint(endpoint):
+    issuers = tenant.policy.issuers
+    if issuers is not None and principal.kind == "jwt" and principal.issuer not in issuers:
+        raise GatewayError("issuer_not_allowed")
+    if not tenant.allows_endpoint(endpoint):
         raise GatewayError("endpoint_not_allowed")
     if scope not in principal.scopes:
         raise GatewayError("insufficient_scope")

@@ -14,3 +14,5 @@ class Principal:
     kind: Literal["jwt", "api_key"]
     #: the token's ``exp`` (epoch seconds); None for static API keys
     expires_at: float | None
+    #: the configured issuer that signed the token; None for static API keys
+    issuer: str | None = None

@@ -194,4 +194,5 @@ def principal_from_claims(claims: Mapping[str, Any], config: IssuerConfig, now: 
         scopes=_scopes(claims.get(config.scope_claim)),
         kind="jwt",
         expires_at=exp,
+        issuer=config.issuer,
     )

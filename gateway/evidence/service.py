@@ -22,6 +22,8 @@ Synchronous and thread-safe; the app calls it through ``anyio.to_thread``.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import logging
 import threading
@@ -119,6 +121,22 @@ class EvidenceService:
                 size=stored.bytes,
                 locator_sha256=locator_sha256,
             )
+
+    def upload_inline(
+        self, tenant: Tenant, payload: str, declared: str | None, kind: str
+    ) -> EvidenceRecord:
+        """Stage a request's inline ``data:`` URL (base64 ``payload``) for that
+        request only; its part type ``kind`` must match what the bytes are."""
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise GatewayError("invalid_request", "Inline data is not valid base64.") from exc
+        media = match_content_type(declared, data)
+        if media.modality != kind:
+            raise GatewayError(
+                "modality_not_allowed", f"A {kind} part refers to {media.modality} data."
+            )
+        return self.upload(tenant, data, declared, None)
 
     def get(self, tenant: Tenant, evidence_id: str) -> EvidenceRecord:
         record = self._catalog.get(tenant.name, evidence_id)

@@ -59,6 +59,10 @@ class EvidenceStore:
     def __init__(self, directory: Path) -> None:
         self._dir = directory
         self._held = threading.local()
+        #: bytes of stored media read back so far (what tests assert on: a
+        #: request refused before admission reads none)
+        self.bytes_read = 0
+        self._count_lock = threading.Lock()
         try:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -122,9 +126,29 @@ class EvidenceStore:
             data = path.read_bytes()
         except OSError as exc:
             raise GatewayError("storage_error") from exc
+        self._count(len(data))
         if hashlib.sha256(data).hexdigest() != sha256:
             raise GatewayError("storage_error", "A stored evidence file failed its digest check.")
         return data
+
+    def open_read(self, sha256: str, ext: str) -> int:
+        """A read-only descriptor on a stored file (the caller closes it)."""
+        try:
+            return os.open(self.path_for(sha256, ext), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise GatewayError("storage_error") from exc
+
+    def pread(self, fd: int, size: int, offset: int) -> bytes:
+        try:
+            data = os.pread(fd, size, offset)
+        except OSError as exc:
+            raise GatewayError("storage_error") from exc
+        self._count(len(data))
+        return data
+
+    def _count(self, n: int) -> None:
+        with self._count_lock:
+            self.bytes_read += n
 
     def exists(self, sha256: str, ext: str) -> bool:
         return self.path_for(sha256, ext).exists()

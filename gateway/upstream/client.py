@@ -16,8 +16,8 @@ The readiness poll and the model listing use httpx.
 from __future__ import annotations
 
 import ssl
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import httpx
@@ -32,6 +32,11 @@ from gateway.upstream.wire import (
     WirePool,
     WireProtocolError,
 )
+
+#: what the gateway asks the worker for: an SSE stream, or one JSON body
+Accept = Literal["sse", "json"]
+_ACCEPT: dict[str, bytes] = {"sse": b"text/event-stream", "json": b"application/json"}
+_CONTENT_TYPES = _ACCEPT
 
 
 class UpstreamStream:
@@ -127,12 +132,40 @@ class Upstream:
             self._pool.close()
         await self._client.aclose()
 
-    async def open_stream(self, path: str, body: bytes, request_id: str) -> UpstreamStream:
+    async def open_stream(
+        self,
+        path: str,
+        body: bytes | AsyncIterator[bytes],
+        request_id: str,
+        *,
+        size: int | None = None,
+        accept: Accept = "sse",
+    ) -> UpstreamStream:
+        """Send one request and return its checked response.
+
+        ``body`` is the whole body, or its pieces with their total ``size``
+        (sent as ``Content-Length``: the worker accepts either framing, and a
+        known length is the plainest for every HTTP/1.1 server). A piece that
+        fails to come (``GatewayError`` from the producer) closes the connection
+        before the body is complete, so the worker never runs it.
+        """
+        if isinstance(body, bytes):
+            size, pieces = len(body), _once(body)
+        else:
+            if size is None:
+                raise ValueError("a body in pieces needs its size")
+            pieces = body
         head = (
             b"POST %b HTTP/1.1\r\nhost: %b\r\ncontent-type: application/json\r\n"
-            b"accept: text/event-stream\r\naccept-encoding: identity\r\n"
+            b"accept: %b\r\naccept-encoding: identity\r\n"
             b"x-request-id: %b\r\ncontent-length: %d\r\n\r\n"
-            % (path.encode("ascii"), self._authority, request_id.encode("ascii"), len(body))
+            % (
+                path.encode("ascii"),
+                self._authority,
+                _ACCEPT[accept],
+                request_id.encode("ascii"),
+                size,
+            )
         )
         pool = self.pool
         try:
@@ -140,9 +173,17 @@ class Upstream:
         except WireConnectError as exc:
             raise GatewayError("upstream_unavailable", outcome="upstream_error") from exc
         try:
-            await conn.send(head + body, self._write_timeout_s)
+            conn.begin()
+            await conn.write(head, self._write_timeout_s)
+            try:
+                async for piece in pieces:
+                    await conn.write(piece, self._write_timeout_s)
+            except WireError:
+                # A worker may answer (413) and close before the body is all sent.
+                if not conn.head_done:
+                    raise
             await conn.read_head()
-            _check_head(conn.status, conn.header, request_id)
+            _check_head(conn, request_id, accept)
         except BaseException as exc:
             conn.close()
             pool.release(conn)
@@ -166,7 +207,12 @@ class Upstream:
         return orjson.loads(response.content)
 
 
-def _check_head(status: int, header: Callable[[bytes], bytes | None], request_id: str) -> None:
+async def _once(body: bytes) -> AsyncIterator[bytes]:
+    yield body
+
+
+def _check_head(conn: WireConnection, request_id: str, accept: Accept) -> None:
+    status = conn.status
     if 400 <= status < 500:
         raise GatewayError("upstream_rejected")
     if status >= 500:
@@ -174,14 +220,15 @@ def _check_head(status: int, header: Callable[[bytes], bytes | None], request_id
     if status != 200:
         # Redirects are never followed: the worker has no reason to send one.
         raise GatewayError("upstream_protocol_error")
-    content_type = header(b"content-type") or b""
-    if not content_type.lower().startswith(b"text/event-stream"):
+    content_type = conn.header(b"content-type") or b""
+    if not content_type.lower().startswith(_CONTENT_TYPES[accept]):
         raise GatewayError("upstream_protocol_error")
-    if (header(b"content-encoding") or b"identity").strip().lower() != b"identity":
+    if (conn.header(b"content-encoding") or b"identity").strip().lower() != b"identity":
         raise GatewayError("upstream_protocol_error")
-    echoed = header(b"x-request-id")
-    # Releases before 0.8.12 send no echo; a different one means a crossed response.
-    if echoed is not None and echoed.decode("latin-1") != request_id:
+    echoed = conn.headers_named(b"x-request-id")
+    # Releases before 0.8.12 send no echo; a different one, or two, means a
+    # crossed response (the worker sets exactly one).
+    if echoed and (len(echoed) != 1 or echoed[0].decode("latin-1") != request_id):
         raise GatewayError("upstream_protocol_error")
 
 

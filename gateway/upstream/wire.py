@@ -142,14 +142,22 @@ class WireConnection(asyncio.Protocol):
                 return value
         return None
 
-    async def send(self, request: bytes, write_timeout_s: float) -> None:
-        """Start an exchange: reset the response state and write ``request``."""
-        assert self.transport is not None
+    def headers_named(self, name: bytes) -> list[bytes]:
+        return [value for key, value in self.headers if key == name]
+
+    def begin(self) -> None:
+        """Start an exchange: reset the response state (before the first write)."""
         self.parser = httptools.HttpResponseParser(self)
         self.status, self.headers, self.head_bytes, self.header_bytes = 0, [], 0, 0
         self.head_done = self.complete = self.keep_alive = self.protocol_error = False
         self.error = None
-        self.transport.write(request)
+
+    async def write(self, data: bytes, write_timeout_s: float) -> None:
+        """Write part of the request, waiting while the worker's socket is full:
+        a body is produced piece by piece and never queued here whole."""
+        if self.closed or self.transport is None:
+            raise WireError(self.error or "connection closed")
+        self.transport.write(data)
         if self._writable is not None:
             try:
                 async with asyncio.timeout(write_timeout_s):
@@ -159,6 +167,11 @@ class WireConnection(asyncio.Protocol):
                 raise WireError("write timed out") from exc
         if self.closed and self.error is not None:
             raise WireError(self.error)
+
+    async def send(self, request: bytes, write_timeout_s: float) -> None:
+        """Start an exchange and write the whole request."""
+        self.begin()
+        await self.write(request, write_timeout_s)
 
     async def read_head(self) -> None:
         while not self.head_done:

@@ -66,6 +66,7 @@ def policy_set(
     tenants: tuple[str, ...] = ("acme",),
     endpoints: list[str] | None = None,
     api_keys: dict[str, str] | None = None,
+    issuers: list[str] | None = None,
 ) -> PolicySet:
     """Policies for ``tenants``; ``api_keys`` maps a key's name to its plaintext."""
     config = GatewayConfig.model_validate({"upstream": {"route": "/srv/models/x"}})
@@ -79,6 +80,7 @@ def policy_set(
                 "tenant": name,
                 "endpoints": endpoints or ["chat.completions", "completions", "models", "evidence"],
                 "api_keys": keys if index == 0 else [],
+                "issuers": issuers,
             }
         )
         for index, name in enumerate(tenants)

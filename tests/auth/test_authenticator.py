@@ -23,7 +23,7 @@ from tests.auth.conftest import (
     reason,
     rs_issuer,
 )
-from tests.support.jwt import HS_SECRET, make_claims, sign_hs256, sign_rs256
+from tests.support.jwt import HS_SECRET, ISSUER, make_claims, sign_hs256, sign_rs256
 
 
 @pytest.fixture
@@ -187,8 +187,20 @@ async def test_swap_clears_cache(
 # -- authorize ------------------------------------------------------------------
 
 
-def _principal(scopes: set[str], tenant: str = "acme") -> Principal:
-    return Principal(tenant, "u", frozenset(scopes), "jwt", None)
+def _principal(scopes: set[str], tenant: str = "acme", issuer: str | None = None) -> Principal:
+    return Principal(tenant, "u", frozenset(scopes), "jwt", None, issuer)
+
+
+#: the scope each endpoint needs (the descriptors and routes carry their own)
+SCOPES = {
+    "chat.completions": "inference",
+    "completions": "inference",
+    "responses": "inference",
+    "embeddings": "inference",
+    "models": "inference",
+    "evidence": "evidence",
+    "admin.reload": "inference",
+}
 
 
 @pytest.mark.parametrize(
@@ -202,10 +214,10 @@ def _principal(scopes: set[str], tenant: str = "acme") -> Principal:
 )
 def test_authorize_ok_and_insufficient_scope(endpoint: str, scope: str) -> None:
     tenant = policy_set().tenants["acme"]
-    authorize(_principal({scope}), tenant, endpoint)
+    authorize(_principal({scope}), tenant, endpoint, SCOPES[endpoint])
     other = ({"inference", "evidence"} - {scope}) | {"admin"}
     with pytest.raises(GatewayError) as info:
-        authorize(_principal(other), tenant, endpoint)
+        authorize(_principal(other), tenant, endpoint, SCOPES[endpoint])
     assert info.value.code == "insufficient_scope"
     assert info.value.status == 403
 
@@ -213,26 +225,37 @@ def test_authorize_ok_and_insufficient_scope(endpoint: str, scope: str) -> None:
 def test_endpoint_not_allowed() -> None:
     tenant = policy_set(endpoints=["chat.completions"]).tenants["acme"]
     everything = _principal({"inference", "evidence"})
-    authorize(everything, tenant, "chat.completions")
+    authorize(everything, tenant, "chat.completions", "inference")
     for endpoint in ("completions", "models", "evidence", "admin.reload"):
         with pytest.raises(GatewayError) as info:
-            authorize(everything, tenant, endpoint)
+            authorize(everything, tenant, endpoint, SCOPES[endpoint])
         assert info.value.code == "endpoint_not_allowed"
 
 
 def test_authorize_refuses_another_tenants_principal() -> None:
     tenant = policy_set().tenants["acme"]
     with pytest.raises(GatewayError, match="tenant_not_configured"):
-        authorize(_principal({"inference"}, tenant="globex"), tenant, "models")
+        authorize(_principal({"inference"}, tenant="globex"), tenant, "models", "inference")
+
+
+def test_issuers_listed_in_the_policy_are_the_only_ones_for_its_tenant() -> None:
+    tenant = policy_set(issuers=[HS_ISSUER]).tenants["acme"]
+    authorize(_principal({"inference"}, issuer=HS_ISSUER), tenant, "models", "inference")
+    with pytest.raises(GatewayError) as info:
+        authorize(_principal({"inference"}, issuer=ISSUER), tenant, "models", "inference")
+    assert (info.value.code, info.value.status) == ("issuer_not_allowed", 403)
+    # Absent means any configured issuer.
+    anyone = policy_set().tenants["acme"]
+    authorize(_principal({"inference"}, issuer=ISSUER), anyone, "models", "inference")
 
 
 async def test_api_key_limited_by_endpoints(auth: Authenticator) -> None:
     policies = policy_set(endpoints=["chat.completions"], api_keys={"nightly": API_KEY})
     principal = await auth.authenticate([f"Bearer {API_KEY}"], policies)
     tenant = policies.tenants["acme"]
-    authorize(principal, tenant, "chat.completions")
+    authorize(principal, tenant, "chat.completions", "inference")
     with pytest.raises(GatewayError, match="endpoint_not_allowed"):
-        authorize(principal, tenant, "evidence")
+        authorize(principal, tenant, "evidence", "evidence")
 
 
 # -- mint_dev_token -------------------------------------------------------------
@@ -244,7 +267,9 @@ async def test_mint_round_trips(policies: PolicySet) -> None:
     token = mint_dev_token(config, "acme", scopes=["inference"], ttl_s=600, env=ENV)
     principal = await auth.authenticate([f"Bearer {token}"], policies)
     claims = jwt.decode(token, HS_SECRET, algorithms=["HS256"], audience="mistralrs-gateway")
-    assert principal == Principal("acme", "dev", frozenset({"inference"}), "jwt", claims["exp"])
+    assert principal == Principal(
+        "acme", "dev", frozenset({"inference"}), "jwt", claims["exp"], HS_ISSUER
+    )
     assert claims["exp"] - claims["iat"] == 600
     assert claims["iss"] == HS_ISSUER
     assert claims["scope"] == "inference"

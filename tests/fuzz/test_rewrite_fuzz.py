@@ -26,7 +26,7 @@ from gateway.config import LimitsConfig
 from gateway.errors import GatewayError
 from gateway.limits import parse_json
 from gateway.policy import MediaPolicy, Modality, PolicyLimits, Tenant, TenantPolicy, resolve_limits
-from gateway.rewrite import (
+from tests.apis.support import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
     REFUSED_FIELDS,

@@ -18,8 +18,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gateway.apis.chunks import SSEValidator, StreamRules
 from gateway.errors import GatewayError
-from gateway.sse import NEED_DATA, Done, SSEValidator, StreamRules
+from gateway.sse import NEED_DATA, Done
 from tests.fuzz.budget import budget
 from tests.support.sse import chunk, event, usage
 

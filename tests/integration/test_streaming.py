@@ -69,7 +69,6 @@ FAULTS: dict[str, tuple[str, str]] = {
     "model_change": ("upstream_protocol_error", "protocol_error"),
     "two_choices": ("upstream_protocol_error", "protocol_error"),
     "role_change": ("upstream_protocol_error", "protocol_error"),
-    "nul_text": ("upstream_protocol_error", "protocol_error"),
     "usage_early": ("upstream_protocol_error", "protocol_error"),
     "bad_usage": ("upstream_protocol_error", "protocol_error"),
     "too_many_tokens": ("upstream_protocol_error", "protocol_error"),
@@ -110,6 +109,38 @@ def test_every_fault(fast_stack: Stack, fault: str, stream: bool) -> None:
     assert receipt["error_code"] == code
     # Usage is never lost: reported if the terminal chunk arrived, else estimated.
     assert receipt["usage"]["source"] in ("reported", "estimated")
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+def test_nul_in_text_is_replaced_by_default(fast_stack: Stack, stream: bool) -> None:
+    # Real models emit U+0000 via byte-fallback tokens (spec §14): not a violation.
+    body = chat_body("go [[sim fault=nul_text chunks=4]]", stream=stream)
+    with fast_stack.client(timeout=10) as client:
+        response = client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200
+    if stream:
+        data = sse_data(response.text)
+        assert data[-1] == "[DONE]"
+        text = "".join(
+            json.loads(d)["choices"][0]["delta"]["content"] or "" for d in data[:-1] if d
+        )
+    else:
+        text = response.json()["choices"][0]["message"]["content"]
+    assert "\x00" not in text and "\ufffd" in text
+    receipt = fast_stack.receipt(response.headers["x-request-id"])
+    assert receipt["outcome"] == "complete"
+    assert receipt["nul_replaced"] == text.count("\ufffd") == 1
+
+
+def test_nul_in_text_refused_under_reject(tmp_path: Path) -> None:
+    with running_stack(tmp_path, upstream={**FAST, "text_nul": "reject"}) as stack:
+        body = chat_body("go [[sim fault=nul_text chunks=4]]", stream=True)
+        with stack.client(timeout=10) as client:
+            response = client.post("/v1/chat/completions", json=body)
+        status, code, done = _result(response)
+        assert (status, code, done) == (200, "upstream_protocol_error", False)
+        receipt = stack.receipt(response.headers["x-request-id"])
+        assert receipt["outcome"] == "protocol_error" and receipt["nul_replaced"] == 0
 
 
 def test_no_request_id_echo_is_fine(fast_stack: Stack) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from typing import Any, Literal
 
@@ -18,12 +19,13 @@ from gateway.policy import (
     TenantPolicy,
     resolve_limits,
 )
-from gateway.rewrite import (
+from tests.apis.support import (
     REFUSED_FIELDS,
     MediaRef,
     RequestPlan,
     ResolvedMedia,
-    decode_data_url,
+    data_url_parts,
+    inline_size,
     plan_request,
     render,
 )
@@ -294,11 +296,12 @@ def test_content_part_order_is_preserved() -> None:
         ],
     }
     plan = plan_request("chat.completions", body, TENANT, ALIASES)
-    assert [(m.kind, m.evidence_id, m.message, m.part) for m in plan.media] == [
-        ("image", "ev_img", 1, 1),
+    # positions in the flattened sequence of content parts, in request order
+    assert [(m.kind, m.evidence_id, m.slot, m.flat_index) for m in plan.media] == [
+        ("image", "ev_img", 0, 1),
         ("audio", "ev_aud", 1, 3),
-        ("video", "ev_vid", 1, 4),
-        ("image", "ev_two", 3, 0),
+        ("video", "ev_vid", 2, 4),
+        ("image", "ev_two", 3, 6),
     ]
     assert [m.flat_index for m in plan.media] == [1, 3, 4, 6]
     media = [
@@ -436,19 +439,24 @@ def test_inline_stage_with_drop_keeps_data_and_drops_urls() -> None:
     assert [m.source for m in plan.media] == ["data"]
 
 
-def test_decode_data_url() -> None:
-    mime, data = decode_data_url(PNG_DATA_URL, 1000)
-    assert mime == "image/png"
-    assert data.startswith(b"\x89PNG")
-    with pytest.raises(GatewayError) as info:
-        decode_data_url("data:image/png;base64," + "A" * 4000, 1000)
-    assert info.value.code == "media_limit_exceeded"
-    with pytest.raises(GatewayError) as info:
-        decode_data_url("data:image/png;base64,!!!!", 1000)
-    assert info.value.code == "invalid_request"
-    with pytest.raises(GatewayError) as info:
-        decode_data_url("data:image/png,rawbytes", 1000)
-    assert info.value.code == "invalid_request"
+def test_inline_data_size_and_type_are_known_before_decoding() -> None:
+    mime, payload = data_url_parts(PNG_DATA_URL)
+    data = base64.b64decode(payload)
+    assert mime == "image/png" and data.startswith(b"\x89PNG")
+    assert inline_size(PNG_DATA_URL, "messages") == len(data)
+    for bad in ("data:image/png;base64,!!!!", "data:image/png,rawbytes", "data:;base64,AAA"):
+        with pytest.raises(GatewayError) as info:
+            inline_size(bad, "messages")
+        assert info.value.code == "invalid_request"
+
+
+def test_inline_data_over_the_byte_limit_is_refused_from_its_length() -> None:
+    tenant = make_tenant(inline_data="stage", max_media_bytes=1000)
+    plan = plan_request(
+        "chat.completions", chat(part("image", "data:image/png;base64," + "A" * 4000)), tenant
+    )
+    assert plan.media[0].inline_bytes == 3000
+    assert render_code(plan, [resolved("image", "ev_x", 3000)], tenant) == "media_limit_exceeded"
 
 
 def test_media_parts_need_the_user_role() -> None:
@@ -529,4 +537,4 @@ def test_completions_refuse_chat_fields() -> None:
 
 def test_media_ref_fields() -> None:
     plan = plan_request("chat.completions", chat(part("video", "evidence:ev_v")), TENANT, ALIASES)
-    assert plan.media == [MediaRef(0, 0, 0, "video", "evidence", evidence_id="ev_v")]
+    assert plan.media == [MediaRef(0, 0, "video", "evidence", evidence_id="ev_v")]

@@ -14,19 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gateway.apis.chunks import Chunk, SSEValidator, StreamRules, StreamState
 from gateway.errors import GatewayError
-from gateway.sse import (
-    NEED_DATA,
-    Chunk,
-    Done,
-    KeepAlive,
-    SSEValidator,
-    StreamRules,
-    StreamState,
-)
+from gateway.sse import NEED_DATA, Done, KeepAlive
 from tests.support.sse import MODEL, chunk, event, usage
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "sse"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "sse"
 EXPECTED: dict[str, dict[str, Any]] = json.loads((FIXTURES / "expected.json").read_text())
 NAMES = sorted(EXPECTED)
 VALID = [name for name in NAMES if EXPECTED[name]["result"] == "ok"]
@@ -352,7 +345,6 @@ def test_lone_surrogate_text_is_a_violation() -> None:
         chunk(finish=7),
         chunk(finish=""),
         chunk(choices=[{"index": 0, "delta": {"content": "x", "reasoning_content": 1}}]),
-        chunk(choices=[{"index": 0, "delta": {"content": "", "reasoning_content": "\x00"}}]),
         chunk(choices=[{"index": 0, "delta": {"role": "system"}}]),
     ],
 )
@@ -360,6 +352,25 @@ def test_malformed_chunk_is_a_protocol_error(bad: dict[str, Any]) -> None:
     result = assert_split_invariant(stream(chunk("a"), bad), CHAT)
     assert result.kind == PROTOCOL
     assert len(result.events) == 1
+
+
+@pytest.mark.parametrize("key", ["content", "reasoning_content"])
+def test_nul_in_text_follows_text_nul(key: str) -> None:
+    delta = {"content": "", "role": "assistant", key: "a\x00b\x00"}
+    data = stream(chunk(choices=[{"index": 0, "delta": delta}]))
+    assert replay(data, StreamRules("chat", text_nul="reject")).kind == PROTOCOL
+    passed = replay(data, StreamRules("chat", text_nul="pass"))
+    assert passed.error is None
+    replaced = replay(data, StreamRules("chat"))
+    assert replaced.error is None
+    first = replaced.events[0]
+    assert isinstance(first, Chunk)
+    assert first.data["choices"][0]["delta"][key] == "a\ufffdb\ufffd", "the caller's chunk"
+    validator = SSEValidator(StreamRules("chat"))
+    validator.receive_data(data)
+    while validator.next_event() is not NEED_DATA:
+        pass
+    assert validator.nul_replaced == 2
 
 
 def test_identity_must_hold_from_the_first_chunk() -> None:

@@ -1,0 +1,16 @@
+"""Endpoint descriptors: what differs between the inference endpoints.
+
+Each module owns one endpoint's field allowlist and planning, the body it
+forwards and its dialect (``base.py`` says what a descriptor is); ``media``,
+``fields``, ``sampling`` and ``usage`` are the pieces they share. The
+pipeline (``gateway/pipeline.py``) serves every entry of :data:`APIS` the
+same way.
+"""
+
+from gateway.apis.base import Api
+from gateway.apis.chat import ChatApi
+from gateway.apis.completions import CompletionsApi
+
+APIS: tuple[Api, ...] = (ChatApi(), CompletionsApi())
+
+__all__ = ["APIS", "Api"]

@@ -1,0 +1,225 @@
+"""What every endpoint descriptor shares: the plan, the media refs, the dialect seam.
+
+One pipeline serves every inference endpoint (``gateway/pipeline.py``); an
+:class:`Api` descriptor owns only what differs between them, the way a
+starlette ``Route`` carries what differs per path:
+
+- its path, scope and endpoint name (policy, receipts, metrics);
+- :meth:`Api.plan`: the field allowlist and the planning of one request
+  (alias, output bound, prompt bytes, media parts as :class:`MediaRef`);
+- :meth:`Api.forward`: the body the worker gets (alias → exact route,
+  stream forced, usage asked for, ``max_tokens`` explicit), media still as
+  placeholders that only the gateway can fill (``gateway/body.py``);
+- :meth:`Api.dialect`: the worker's answer as a sans-I/O :class:`Dialect`
+  (its stream grammar or JSON check, the caller's frames, the non-stream
+  answer and where its usage lives).
+
+Pure: no I/O library is imported here or by any descriptor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from gateway.errors import GatewayError
+from gateway.policy import Tenant
+from gateway.sse import Framing
+
+MediaKind = Literal["image", "audio", "video"]
+TextNul = Literal["replace", "pass", "reject"]
+
+
+@dataclass(frozen=True, slots=True)
+class PlanContext:
+    """What planning may know beyond the body: the tenant and a per-request
+    nonce for media placeholders (callers cannot guess it)."""
+
+    tenant: Tenant
+    nonce: str
+
+    @property
+    def aliases(self) -> Mapping[str, str]:
+        return self.tenant.policy.models
+
+
+@dataclass(frozen=True, slots=True)
+class MediaRef:
+    """One media part of the request, in request order."""
+
+    slot: int  # index in Plan.media; the body holds placeholder(nonce, slot) for its URL
+    flat_index: int  # index in the flattened sequence of content parts
+    kind: MediaKind  # what the part claims to be (image_url → image, …)
+    source: Literal["evidence", "data"]
+    evidence_id: str | None = None
+    data_url: str | None = None  # inline data to stage (source "data")
+    inline_bytes: int = 0  # decoded size of inline data, known before decoding
+
+
+@dataclass(slots=True)
+class Plan:
+    """One validated request: what the pipeline needs to bound, admit and forward it."""
+
+    endpoint: str
+    alias: str
+    body: dict[str, Any]  # the caller's fields to forward; media URLs as placeholders
+    stream: bool  # what the caller asked for
+    include_usage: bool
+    max_tokens: int | None  # the output bound (None where the endpoint generates none)
+    prompt_bytes: int  # every text the worker will tokenize or compile
+    nonce: str
+    tools_requested: bool = False
+    media: list[MediaRef] = field(default_factory=list)
+    dropped_parts: list[int] = field(default_factory=list)
+    #: endpoint-specific facts the pipeline hands back to the descriptor (e.g.
+    #: a Responses ``previous_response_id`` to check against the catalog)
+    previous_response_id: str | None = None
+
+
+def placeholder(nonce: str, slot: int) -> str:
+    return f"gw-media:{nonce}:{slot}"
+
+
+@dataclass(frozen=True, slots=True)
+class StreamBounds:
+    """What one worker answer may hold (from the upstream's config)."""
+
+    framing: Framing = field(default_factory=Framing)
+    max_text_bytes: int = 16_777_216
+    text_nul: TextNul = "replace"
+
+
+@dataclass(slots=True)
+class Report:
+    """What a dialect observed, for the receipt, metrics and rate settlement."""
+
+    finish_reason: str | None = None
+    #: the worker's usage object as it sent it (every field), if it sent one
+    usage: dict[str, Any] | None = None
+    #: (prompt, completion, total) read from ``usage``
+    counts: tuple[int, int, int] | None = None
+    #: completion tokens estimated from what arrived, for when usage is missing
+    output_estimate: int = 0
+    #: the receipt outcome once the answer ended validly
+    outcome: str = "complete"
+    nul_replaced: int = 0
+    #: ids the worker gave the answer (Responses: recorded for the tenant)
+    response_id: str | None = None
+
+
+class Source(Protocol):
+    """The sans-I/O reader of one worker answer (``sse.StreamValidator`` or a
+    JSON body): bytes in, items out."""
+
+    @property
+    def bytes_received(self) -> int: ...
+
+    def receive_data(self, data: bytes) -> None: ...
+
+    def next_event(self) -> Any: ...
+
+
+class Dialect(Protocol):
+    """One worker answer as one endpoint reads it; pure, built per request.
+
+    ``on_item`` gets every item the source yields (not keep-alives or the
+    end) and returns the caller's frame for it, or None (non-stream callers,
+    or nothing to show). ``has_content`` turns true with the first content
+    (time to first token)."""
+
+    has_content: bool
+    #: what ends a valid stream for the caller (``data: [DONE]``); unused for JSON
+    terminal_frame: bytes
+    #: where a stream's usage will come from (the ``x-usage-source`` header,
+    #: sent before the usage is known): ``reported`` or ``estimated``
+    usage_source: str
+
+    @property
+    def source(self) -> Source: ...
+
+    def on_item(self, item: Any) -> bytes | None: ...
+
+    def error_frame(self, exc: GatewayError) -> bytes: ...
+
+    def answer(self, usage: dict[str, Any]) -> dict[str, Any]:
+        """The non-streaming caller's answer, with the usage the pipeline settled."""
+        ...
+
+    def report(self) -> Report: ...
+
+
+class Api(Protocol):
+    """An endpoint descriptor; see the module docstring."""
+
+    name: str
+    path: str
+    scope: str
+    #: what the gateway asks the worker for: an SSE stream, or one JSON body
+    exchange: Literal["sse", "json"]
+
+    def plan(self, body: Any, ctx: PlanContext) -> Plan: ...
+
+    def forward(self, plan: Plan, route: str) -> dict[str, Any]: ...
+
+    def dialect(self, plan: Plan, bounds: StreamBounds, *, collect: bool) -> Dialect: ...
+
+
+# -- planning pieces the descriptors share ------------------------------------
+
+
+def require_object(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise GatewayError("invalid_request", "The request body must be a JSON object.")
+    return body
+
+
+def resolve_alias(body: Mapping[str, Any], ctx: PlanContext) -> str:
+    alias = body.get("model")
+    if not isinstance(alias, str):
+        raise GatewayError("invalid_request", "model is required.", param="model")
+    if alias not in ctx.aliases:
+        raise GatewayError("model_not_found", param="model")
+    return alias
+
+
+def output_bound(body: Mapping[str, Any], tenant: Tenant, names: tuple[str, ...]) -> int:
+    """The request's output bound: the named fields must agree and stay within
+    the tenant's limit; absent means the limit."""
+    limit = tenant.limits.max_output_tokens
+    given = [(name, body[name]) for name in names if body.get(name) is not None]
+    if not given:
+        return limit
+    for name, given_value in given:
+        if type(given_value) is not int or given_value < 1:
+            raise GatewayError("invalid_request", f"{name} must be a positive integer.", param=name)
+    if len({v for _, v in given}) > 1:
+        raise GatewayError("invalid_request", f"{' and '.join(names)} differ.", param=given[-1][0])
+    value = int(given[0][1])
+    if value > limit:
+        raise GatewayError(
+            "output_tokens_exceeded",
+            f"{given[0][0]} exceeds this tenant's limit of {limit}.",
+            param=given[0][0],
+        )
+    return value
+
+
+def stream_flags(body: Mapping[str, Any]) -> tuple[bool, bool]:
+    """(stream, include_usage) as the caller asked; types already checked."""
+    stream = bool(body.get("stream", False))
+    options = body.get("stream_options") or {}
+    return stream, options.get("include_usage") is True
+
+
+def check_prompt(prompt_bytes: int, tenant: Tenant, param: str | None = None) -> None:
+    if prompt_bytes > tenant.limits.max_prompt_bytes:
+        raise GatewayError(
+            "prompt_too_large", "The prompt exceeds this tenant's limit.", param=param
+        )
+
+
+def require_text_modality(tenant: Tenant, param: str) -> None:
+    """Text is a modality like the others (spec §13)."""
+    if not tenant.allows_modality("text"):
+        raise GatewayError("modality_not_allowed", "The text modality is not allowed.", param=param)
