@@ -69,6 +69,12 @@ class _Callbacks:
         self.partial.headers.setdefault(key, value.decode("latin-1"))
         self._grow(len(name) + len(value))
 
+    def on_headers_complete(self) -> None:
+        declared = self.partial.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            self.refusal = (413, "request body too large")
+            raise ValueError("declared body over limit")
+
     def on_body(self, body: bytes) -> None:
         if len(self.partial.body) + len(body) > MAX_BODY_BYTES:
             self.refusal = (413, "request body too large")
@@ -152,12 +158,13 @@ class Connection:
             await self._writer.wait_closed()
 
     async def _read(self) -> None:
+        """Parse until EOF or a socket error (then ``gone``), or a refused request (not gone)."""
         try:
             while True:
                 await self._room.wait()
                 data = await self._reader.read(_READ_BYTES)
                 if not data:
-                    return
+                    break
                 try:
                     self._callbacks.parser.feed_data(data)
                 except httptools.HttpParserError:
@@ -174,9 +181,8 @@ class Connection:
                 if len(self._queue) >= _MAX_QUEUED:
                     self._room.clear()
         except (ConnectionError, OSError):
-            return
-        finally:
-            self._resolve_gone()
+            pass
+        self._resolve_gone()
 
     def _resolve_gone(self) -> None:
         if not self.gone.done():

@@ -8,9 +8,13 @@ from the struct:
 - **Key order** is the struct's declaration order. The SDK's ``repr`` is the
   derived Rust ``Debug`` output, which prints fields in declaration order, so
   the order is read from it once per class (a field the engine gains later
-  lands in its place without a change here).
+  lands in its place without a change here). The few classes the SDK gives no
+  ``repr`` have their order in :data:`DECLARED_ORDER`, from the Rust source; an
+  attribute not listed there is still written, after the listed ones.
 - **Absent fields**: ``None`` is ``null`` except for the fields the structs
   mark ``skip_serializing_if = "Option::is_none"`` (:data:`OMIT_IF_NONE`).
+- **Bytes**: a ``Vec<u8>`` reaches Python as ``bytes``; serde writes it as an
+  array of numbers.
 - **Renames**: ``ToolCallResponse.tp`` is ``type``; unit enums are snake_case.
 - **Numbers**: every float in these structs is an ``f32``; serde_json writes
   the shortest text that round-trips the f32 (ryu), not the widened f64;
@@ -50,6 +54,13 @@ OMIT_IF_NONE: frozenset[tuple[str, str]] = frozenset(
     }
 )
 RENAMES: dict[tuple[str, str], str] = {("ToolCallResponse", "tp"): "type"}
+# Structs whose pyo3 class has no Debug ``repr``: their declaration order.
+DECLARED_ORDER: dict[str, tuple[str, ...]] = {
+    "TopLogprob": ("token", "logprob", "bytes"),  # mistralrs-core sampler.rs
+    "ToolCallResponse": ("index", "id", "tp", "function"),  # mistralrs-core tools/response.rs
+    "CalledFunction": ("name", "arguments"),  # mistralrs-mcp tools.rs
+    "PromptTokensDetails": ("cached_tokens",),  # 0.9.5 (its only serde field name)
+}
 
 _FIELD_LINE = re.compile(r"^    ([a-z_][a-z0-9_]*): ", re.MULTILINE)
 _orders: dict[type, tuple[str, ...]] = {}
@@ -61,11 +72,24 @@ def field_order(obj: object) -> tuple[str, ...]:
     order = _orders.get(cls)
     if order is None:
         text = repr(obj)
-        if not text.startswith(cls.__name__ + " {"):
+        if text.startswith(cls.__name__ + " {"):
+            order = tuple(_FIELD_LINE.findall(text))
+        elif cls.__name__ in DECLARED_ORDER:
+            declared = DECLARED_ORDER[cls.__name__]
+            order = declared + tuple(sorted(set(_attributes(cls)) - set(declared)))
+        else:
             raise TypeError(f"{cls.__name__} has no Rust Debug repr to read its fields from")
-        order = tuple(_FIELD_LINE.findall(text))
         _orders[cls] = order
     return order
+
+
+def _attributes(cls: type) -> list[str]:
+    """The pyo3 class's field getters."""
+    return [
+        name
+        for name, member in vars(cls).items()
+        if type(member).__name__ == "getset_descriptor" and not name.startswith("_")
+    ]
 
 
 def to_wire(value: Any) -> Any:
@@ -74,6 +98,8 @@ def to_wire(value: Any) -> Any:
         return value
     if isinstance(value, float):
         return F32(value) if math.isfinite(value) else None
+    if isinstance(value, bytes):  # pyo3's form of a Vec<u8>, which serde writes as numbers
+        return list(value)
     if isinstance(value, list | tuple):
         return [to_wire(item) for item in value]
     if isinstance(value, dict):
