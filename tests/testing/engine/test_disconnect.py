@@ -50,9 +50,10 @@ def test_a_dropped_stream_is_counted_and_decoding_stops(small: EngineAdapter) ->
         sock.close()
     assert busy > _BUSY  # the engine was decoding for this stream
 
+    expected = int(before["streams_dropped"]) + 1
+
     def dropped() -> bool:
-        count: int = small.stats()["streams_dropped"]
-        return count == before["streams_dropped"] + 1
+        return int(small.stats()["streams_dropped"]) == expected
 
     assert eventually(dropped, timeout_s=10)
     after = small.stats()
