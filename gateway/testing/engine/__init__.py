@@ -1,0 +1,1 @@
+"""The engine lane: an adapter around the mistral.rs engine (test equipment)."""

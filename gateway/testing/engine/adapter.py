@@ -1,0 +1,342 @@
+"""An adapter around the mistral.rs engine (test equipment), on loopback HTTP/1.1.
+
+This is NOT ``mistralrs serve``: it wraps one ``mistralrs.Runner`` (the real
+engine, through its Python SDK) and frames the engine's own response objects
+the way the reference says the server does (``shared/reference/mistralrs-http.md``
+§2 to §5, §7). The model it serves has random weights: its text means nothing.
+
+Routes: ``GET /v1/models``; ``POST /v1/chat/completions`` (JSON, or SSE with
+``stream: true``); ``POST /v1/completions`` (JSON only: the SDK has no
+streaming completion call, so a stream request is 501); ``GET /health``;
+``GET /adapter/stats`` (counters for tests, :class:`Stats`).
+
+Streams: headers are committed first (status 200), then one ``data: <json>``
+event per engine chunk, a bare ``:`` comment after ``keepalive_ms`` without
+one, and ``data: [DONE]`` after the chunk whose every choice has a
+``finish_reason`` (the SDK's streamer ends there) or after an in-band error
+event ``{"error": {...}}``. When the caller goes away mid-stream, the engine's
+streamer is dropped at once (``engine.py``) and the stream counts as dropped.
+
+Errors: 415/400/422 text for bodies that are not JSON objects of the right
+shape (as axum answers); an unknown ``model`` is 500 ``{"message"}`` as the
+server's request parsing answers; every engine refusal of a non-streaming
+request is 422 ``{"message"}`` (the SDK gives one exception type for the
+engine's validation, internal and model errors, so the server's 500 cases
+cannot be told apart here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import sys
+import traceback
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.testing.engine import serde, translate
+from gateway.testing.engine.engine import ChunkStream, Engine, EngineError
+from gateway.testing.engine.http import LAST_CHUNK, Connection, Request, chunk, head
+
+_KEEPALIVE = b":\n\n"
+_DONE = b"data: [DONE]\n\n"
+_JSON = ("content-type", "application/json")
+_TEXT = ("content-type", "text/plain; charset=utf-8")
+
+
+@dataclass
+class Stats:
+    """What tests observe (``GET /adapter/stats``)."""
+
+    streams_started: int = 0
+    streams_finished: int = 0  # ended with the finish chunk and [DONE]
+    streams_failed: int = 0  # ended with an in-band error event and [DONE]
+    streams_dropped: int = 0  # the caller went away first
+    active_streams: int = 0
+    chunks_streamed: int = 0  # data events written, [DONE] and errors excluded
+    tokens_streamed: int = 0  # completion_tokens of the finished streams' usage
+    requests: int = 0
+
+
+class Adapter:
+    """The server: ``await start()``, then ``port``; ``await close()``."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        keepalive_ms: float = 10_000,
+    ) -> None:
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            raise ValueError("the adapter binds loopback only")
+        self.engine = engine
+        self.stats = Stats()
+        self._host = host
+        self._port = port
+        self._keepalive_s = keepalive_ms / 1000
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("not started")
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._accept, self._host, self._port)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._connections.add(task)
+        conn = Connection(reader, writer)
+        try:
+            while (request := await conn.next_request()) is not None:
+                keep = await self._dispatch(conn, request)
+                if not keep:
+                    break
+        except ConnectionError:
+            pass
+        except Exception:  # a bug here: say so, and drop the connection
+            traceback.print_exc(file=sys.stderr)
+        finally:
+            await conn.close()
+            if task is not None:
+                self._connections.discard(task)
+
+    async def _dispatch(self, conn: Connection, request: Request) -> bool:
+        """Answer one request; whether the connection may carry another."""
+        self.stats.requests += 1
+        if request.refusal is not None:
+            status, text = request.refusal
+            await conn.respond(status, [_TEXT], text.encode(), keep_alive=False)
+            return False
+        rid = request_id(request.headers.get("x-request-id"))
+        keep = request.keep_alive
+        base = [("x-request-id", rid)]
+        routes = {
+            "/v1/models": ("GET", self._models),
+            "/v1/chat/completions": ("POST", self._chat),
+            "/v1/completions": ("POST", self._completions),
+            "/adapter/stats": ("GET", self._stats),
+            "/health": ("GET", self._health),
+        }
+        route = routes.get(request.path)
+        if route is None:
+            await conn.respond(404, base, b"", keep_alive=keep)
+            return keep
+        method, handler = route
+        if request.method != method:
+            await conn.respond(405, [*base, ("allow", method)], b"", keep_alive=keep)
+            return keep
+        await handler(conn, request, base)
+        return keep
+
+    # -- routes
+
+    async def _health(self, conn: Connection, request: Request, base: list[Any]) -> None:
+        await conn.respond(200, [*base, _TEXT], b"OK", keep_alive=request.keep_alive)
+
+    async def _stats(self, conn: Connection, request: Request, base: list[Any]) -> None:
+        body = {
+            **dataclasses.asdict(self.stats),
+            "open_streamers": self.engine.open_streamers,
+            "pid": os.getpid(),
+            "model": self.engine.model_id,
+            "load_seconds": self.engine.load_seconds,
+        }
+        await conn.respond(
+            200, [*base, _JSON], json.dumps(body).encode(), keep_alive=request.keep_alive
+        )
+
+    async def _models(self, conn: Connection, request: Request, base: list[Any]) -> None:
+        created = self.engine.created
+        data: list[dict[str, Any]] = [
+            {"id": "default", "object": "model", "created": created, "owned_by": "local",
+             "root": "default"}
+        ]  # fmt: skip
+        for model_id, status in self.engine.statuses():
+            data.append(
+                {"id": model_id, "object": "model", "created": created, "owned_by": "local",
+                 "root": model_id, "status": status}
+            )  # fmt: skip
+        body = serde.dumps({"object": "list", "data": data})
+        await conn.respond(200, [*base, _JSON], body, keep_alive=request.keep_alive)
+
+    async def _chat(self, conn: Connection, request: Request, base: list[Any]) -> None:
+        body = await self._body(conn, request, base)
+        if body is None:
+            return
+        try:
+            sdk_request = translate.chat_request(body)
+            stream = translate.wants_stream(body)
+        except translate.BodyError as exc:
+            await self._deserialize_error(conn, request, base, exc)
+            return
+        if not await self._model_known(conn, request, base, body):
+            return
+        if stream:
+            await self._stream(conn, request, base, sdk_request)
+            return
+        try:
+            answer = await self.engine.chat(sdk_request)
+        except EngineError as exc:
+            await self._message(conn, request, base, 422, str(exc))
+            return
+        payload = serde.dumps(serde.to_wire(answer))
+        await conn.respond(200, [*base, _JSON], payload, keep_alive=request.keep_alive)
+
+    async def _completions(self, conn: Connection, request: Request, base: list[Any]) -> None:
+        body = await self._body(conn, request, base)
+        if body is None:
+            return
+        try:
+            sdk_request = translate.completion_request(body)
+            stream = translate.wants_stream(body)
+        except translate.BodyError as exc:
+            await self._deserialize_error(conn, request, base, exc)
+            return
+        if not await self._model_known(conn, request, base, body):
+            return
+        if stream:
+            text = "this adapter cannot stream /v1/completions: the mistralrs SDK has no such call"
+            await self._message(conn, request, base, 501, text)
+            return
+        try:
+            answer = await self.engine.completion(sdk_request)
+        except EngineError as exc:
+            await self._message(conn, request, base, 422, str(exc))
+            return
+        payload = serde.dumps(serde.to_wire(answer))
+        await conn.respond(200, [*base, _JSON], payload, keep_alive=request.keep_alive)
+
+    # -- streams
+
+    async def _stream(
+        self, conn: Connection, request: Request, base: list[Any], sdk_request: Any
+    ) -> None:
+        stats = self.stats
+        stats.streams_started += 1
+        stats.active_streams += 1
+        outcome = "dropped"
+        stream: ChunkStream | None = None
+        try:
+            headers = [
+                ("content-type", "text/event-stream"),
+                ("cache-control", "no-cache"),
+                *base,
+                ("transfer-encoding", "chunked"),
+            ]
+            await conn.write(head(200, headers, keep_alive=request.keep_alive))
+            try:
+                stream = await self.engine.stream(sdk_request)
+                outcome = await self._relay(conn, stream)
+            except EngineError as exc:
+                await conn.write(chunk(_error_event(str(exc))) + chunk(_DONE) + LAST_CHUNK)
+                outcome = "failed"
+        except ConnectionError:
+            outcome = "dropped"
+        finally:
+            if stream is not None:
+                stream.close()
+            stats.active_streams -= 1
+            if outcome == "finished":
+                stats.streams_finished += 1
+            elif outcome == "failed":
+                stats.streams_failed += 1
+            else:
+                stats.streams_dropped += 1
+
+    async def _relay(self, conn: Connection, stream: ChunkStream) -> str:
+        """Engine chunks → events until the end; ``finished`` or ``dropped``."""
+        while True:
+            pending = stream.fetch()
+            await asyncio.wait(
+                {pending, conn.gone}, timeout=self._keepalive_s,
+                return_when=asyncio.FIRST_COMPLETED,
+            )  # fmt: skip
+            if conn.gone.done():
+                return "dropped"
+            if not pending.done():
+                await conn.write(chunk(_KEEPALIVE))
+                continue
+            item = stream.take()
+            if item is None:
+                await conn.write(chunk(_DONE) + LAST_CHUNK)
+                return "finished"
+            await conn.write(chunk(b"data: " + serde.dumps(serde.to_wire(item)) + b"\n\n"))
+            self.stats.chunks_streamed += 1
+            if item.usage is not None:
+                self.stats.tokens_streamed += int(item.usage.completion_tokens)
+
+    # -- helpers
+
+    async def _body(
+        self, conn: Connection, request: Request, base: list[Any]
+    ) -> dict[str, Any] | None:
+        content_type = request.headers.get("content-type", "")
+        if content_type.split(";")[0].strip().lower() != "application/json":
+            text = b"Expected request with `Content-Type: application/json`"
+            await conn.respond(415, [*base, _TEXT], text, keep_alive=request.keep_alive)
+            return None
+        try:
+            body = json.loads(request.body)
+        except ValueError as exc:
+            text = f"Failed to parse the request body as JSON: {exc}".encode()
+            await conn.respond(400, [*base, _TEXT], text, keep_alive=request.keep_alive)
+            return None
+        if not isinstance(body, dict):
+            await self._deserialize_error(conn, request, base, "expected a JSON object")
+            return None
+        return body
+
+    async def _model_known(
+        self, conn: Connection, request: Request, base: list[Any], body: dict[str, Any]
+    ) -> bool:
+        model = translate.requested_model(body)
+        if model in ("default", self.engine.model_id):
+            return True
+        text = (
+            f"Requested model '{model}' is not available. Available models: "
+            f"{self.engine.model_id}. Use 'default' to use the default model."
+        )
+        await self._message(conn, request, base, 500, text)
+        return False
+
+    async def _deserialize_error(
+        self, conn: Connection, request: Request, base: list[Any], exc: object
+    ) -> None:
+        text = f"Failed to deserialize the JSON body into the target type: {exc}".encode()
+        await conn.respond(422, [*base, _TEXT], text, keep_alive=request.keep_alive)
+
+    async def _message(
+        self, conn: Connection, request: Request, base: list[Any], status: int, text: str
+    ) -> None:
+        body = serde.dumps({"message": text})
+        await conn.respond(status, [*base, _JSON], body, keep_alive=request.keep_alive)
+
+
+def request_id(value: str | None) -> str:
+    """A caller's non-empty visible-ASCII ``x-request-id`` verbatim, else ``req_`` + 32 hex."""
+    if value and all(0x20 <= ord(c) < 0x7F or c == "\t" for c in value):
+        return value
+    return "req_" + uuid.uuid4().hex
+
+
+def _error_event(message: str) -> bytes:
+    error = {"message": message, "type": "server_error", "param": None, "code": None}
+    return b"data: " + serde.dumps({"error": error}) + b"\n\n"

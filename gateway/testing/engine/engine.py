@@ -1,0 +1,145 @@
+"""One ``mistralrs.Runner`` and the bounded threads that talk to it (test equipment).
+
+Theory of operation: the SDK is synchronous. Every engine call runs on one
+bounded thread pool, so the event loop never blocks (the SDK releases the GIL
+while it waits for the engine). A stream is the SDK's ``ChatCompletionStreamer``;
+:class:`ChunkStream` asks it for one chunk at a time, so at most one call per
+stream is in flight and a slow reader slows the asking, not the loop.
+
+Cancellation: the engine decodes into a channel of 10,000 responses, so a
+streamer that is merely not read keeps decoding. What stops it is dropping the
+streamer (its channel receiver goes, the engine's next send fails, the sequence
+ends ``canceled``). :meth:`ChunkStream.close` drops the last reference at once,
+or, when a call is in flight on a thread, the moment that call returns (the
+engine has a token ready within one decode step). ``open_streamers`` counts the
+streamers not yet dropped.
+
+Errors: the SDK raises ``ValueError`` alike for the engine's validation,
+internal and model errors; they become :class:`EngineError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import mistralrs
+
+T = TypeVar("T")
+
+_END: Any = object()
+
+
+class EngineError(Exception):
+    """The engine refused or failed a request (its message, as the SDK gives it)."""
+
+
+class Engine:
+    """The model, loaded once; calls on a bounded pool of threads."""
+
+    def __init__(self, folder: Path, *, max_seqs: int = 8, threads: int = 16) -> None:
+        started = time.monotonic()
+        self.model_id = str(folder)
+        # The SDK's stub types Which's variants as classes of their own, not as Which.
+        which: Any = mistralrs.Which.Plain(
+            model_id=self.model_id,
+            arch=mistralrs.Architecture.Llama,
+            dtype=mistralrs.ModelDType.F16,  # as stored; the fastest on this CPU
+        )
+        self._runner = mistralrs.Runner(
+            which=which,
+            token_source="none",  # noqa: S106 - no hub token: the model is local
+            max_seqs=max_seqs,
+        )
+        self.load_seconds = time.monotonic() - started
+        self.created = int(time.time())
+        self.open_streamers = 0
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="engine")
+
+    def statuses(self) -> list[tuple[str, str]]:
+        """``(model id, status)`` for every model the runner knows."""
+        return list(self._runner.list_models_with_status())
+
+    async def chat(self, request: mistralrs.ChatCompletionRequest) -> Any:
+        """A non-streaming chat answer, from the SDK's own non-streaming call."""
+        return await self._call(self._runner.send_chat_completion_request, request)
+
+    async def completion(self, request: mistralrs.CompletionRequest) -> Any:
+        """A non-streaming text completion."""
+        return await self._call(self._runner.send_completion_request, request)
+
+    async def stream(self, request: mistralrs.ChatCompletionRequest) -> ChunkStream:
+        """Start a streaming chat request (``request.stream`` must be true)."""
+        streamer = await self._call(self._runner.send_chat_completion_request, request)
+        self.open_streamers += 1
+        return ChunkStream(self, streamer)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._pool, fn, *args)
+        except ValueError as exc:
+            raise EngineError(str(exc)) from exc
+
+    def _submit_next(self, streamer: Any) -> asyncio.Future[Any]:
+        return asyncio.get_running_loop().run_in_executor(self._pool, next, streamer, _END)
+
+    def _released(self) -> None:
+        self.open_streamers -= 1
+
+
+class ChunkStream:
+    """One streaming request's chunks, pulled one at a time (see the module docstring).
+
+    ``fetch()`` is the call in flight (started if none is); once it is done,
+    ``take()`` gives its chunk, ``None`` at the end, or raises :class:`EngineError`.
+    """
+
+    def __init__(self, engine: Engine, streamer: Any) -> None:
+        self._engine = engine
+        self._streamer: Any = streamer
+        self._pending: asyncio.Future[Any] | None = None
+
+    def fetch(self) -> asyncio.Future[Any]:
+        if self._pending is None:
+            if self._streamer is None:
+                raise RuntimeError("the stream is closed")
+            self._pending = self._engine._submit_next(self._streamer)
+        return self._pending
+
+    def take(self) -> Any:
+        pending, self._pending = self.fetch(), None
+        try:
+            item = pending.result()
+        except ValueError as exc:
+            self._drop()
+            raise EngineError(str(exc)) from exc
+        if item is _END:
+            self._drop()
+            return None
+        return item
+
+    def close(self) -> None:
+        """Drop the streamer now, or as soon as the call in flight returns."""
+        pending, self._pending = self._pending, None
+        if pending is None or pending.done():
+            self._drop()
+        else:
+            pending.add_done_callback(self._drop_after)
+
+    def _drop_after(self, pending: asyncio.Future[Any]) -> None:
+        if not pending.cancelled():
+            pending.exception()  # retrieved: an error after the caller left is nobody's
+        self._drop()
+
+    def _drop(self) -> None:
+        if self._streamer is not None:
+            self._streamer = None  # the last reference: the engine's receiver goes with it
+            self._engine._released()

@@ -1,0 +1,1 @@
+"""Tests of the test and demo equipment (gateway/testing)."""

@@ -1,0 +1,1 @@
+"""The engine lane: the adapter around the real mistral.rs engine, the model generator."""
