@@ -275,6 +275,13 @@ class CorsConfig(Model):
 
 class AuditConfig(Model):
     path: RelPath = Path("receipts.jsonl")
+    #: receipts kept in memory while the file cannot be written (spec §13)
+    max_pending: PositiveInt = 100_000
+    #: how long a drain waits for the writer
+    flush_timeout_s: Annotated[float, Field(ge=0)] = 5
+    #: rotate to <path>.1 … <path>.<keep> before the file passes this size (0: off)
+    rotate_bytes: Annotated[int, Field(ge=0)] = 0
+    keep: Annotated[int, Field(ge=0, le=1000)] = 10
 
 
 class MetricsConfig(Model):

@@ -81,6 +81,19 @@ class GatewayMetrics:
         self.leases_active = Gauge(
             "gateway_evidence_leases_active", "Evidence leases held by requests.", registry=r
         )
+        self.receipt_errors = Counter(
+            "gateway_receipt_errors_total",
+            "Failed attempts to write receipts to the audit file.",
+            registry=r,
+        )
+        self.receipts_lost = Counter(
+            "gateway_receipts_lost_total",
+            "Receipts dropped because the in-memory backlog was full (audit.max_pending).",
+            registry=r,
+        )
+        self.receipts_pending = Gauge(
+            "gateway_receipts_pending", "Receipts waiting to be written.", registry=r
+        )
         self.reloads = Counter(
             "gateway_reloads_total", "Policy/key reloads by result.", ["result"], registry=r
         )

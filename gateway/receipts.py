@@ -1,21 +1,44 @@
-"""Receipts: one JSON line per authenticated inference request (spec §10, §12).
+"""Receipts: one JSON line per authenticated inference request (spec §10, §12, §13).
 
 Rules:
 - A :class:`Receipt` is filled in as the request goes and written exactly once,
   from the request's one ``finally``.
 - Receipts hold digests, sizes, counts and outcomes, never prompt text, media
   bytes, tokens or paths.
-- :class:`ReceiptWriter` keeps writes off the event loop: lines are queued and
-  a single flusher task appends each batch with one ``os.write`` on an
-  ``O_APPEND`` descriptor and fsyncs it, in a worker thread. One writer means
-  lines never interleave; whole-line appends mean a crash can at worst cut the
-  last line, never an earlier one.
+
+:class:`ReceiptWriter` keeps writes off the event loop and never fails open:
+
+- Lines are queued in memory and a single flusher task appends each batch
+  with ``os.write`` on an ``O_APPEND`` descriptor and fsyncs it, in a worker
+  thread. One writer means lines never interleave; whole-line appends mean a
+  crash can at worst cut the last line, never an earlier one.
+- When a write fails (disk full, I/O error, the directory gone) the batch
+  stays queued -- what was written of it is remembered, so a line cut by a
+  full disk is completed, not repeated -- and the flusher retries with
+  backoff (:data:`_BACKOFF_S`) until it works again. The failure is logged
+  once per episode with its reason (an errno name, never a path), counted in
+  ``gateway_receipt_errors_total``, and :attr:`ReceiptWriter.healthy` is
+  False meanwhile: ``/readyz`` is 503 and new inference and evidence requests
+  get 503 ``audit_unavailable``. Recovery needs nothing from anyone.
+- At most ``max_pending`` receipts wait; one more is counted as lost
+  (``gateway_receipts_lost_total``) and logged once per episode: a receipt the
+  writer accepted is written or counted, never silently dropped.
+- ``rotate_bytes`` rotates the file to ``<path>.1`` … ``<path>.<keep>`` before
+  a batch would pass that size; :meth:`ReceiptWriter.reopen` (SIGHUP) reopens
+  the path for an external logrotate.
+- :meth:`ReceiptWriter.flush` and :meth:`ReceiptWriter.aclose` wait at most
+  their timeout (a drain must not hang on a full disk) and report how many
+  receipts they could not write.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
 import os
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +49,13 @@ from gateway.apis.usage import Usage
 
 __all__ = ["Receipt", "ReceiptWriter", "Usage"]
 
+log = logging.getLogger("gateway.receipts")
+
 _LINGER_S = 0.005
+#: retry delays while writing fails: doubling from the first, capped at the last
+_BACKOFF_S = (0.05, 2.0)
+#: bytes per append: bounds one thread hop and keeps rotated files near their bound
+_BATCH_BYTES = 1 << 20
 
 
 @dataclass(slots=True)
@@ -59,57 +88,238 @@ class Receipt:
     nul_replaced: int = 0
 
 
+def _reason(exc: OSError) -> str:
+    """An OSError as a word for logs (never its filename)."""
+    return errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+
+
 class ReceiptWriter:
-    def __init__(self, path: Path) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        max_pending: int = 100_000,
+        rotate_bytes: int = 0,
+        keep: int = 10,
+        on_error: Callable[[], None] | None = None,
+        on_lost: Callable[[int], None] | None = None,
+        on_pending: Callable[[int], None] | None = None,
+    ) -> None:
         self._path = path
-        self._pending: list[bytes] = []
+        self._max_pending = max_pending
+        self._rotate_bytes = rotate_bytes
+        self._keep = keep
+        self._on_error = on_error
+        self._on_lost = on_lost
+        self._on_pending = on_pending
+        self._pending: deque[bytes] = deque()
+        #: bytes of the line at the head of the queue already on disk (a cut write)
+        self._head_written = 0
         self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
         self._closed = False
+        self._reopen = False
         self._fd: int | None = None
+        self._size = 0
         self._task: asyncio.Task[None] | None = None
+        self._failing = False
+        self._losing = False
         self.written = 0
+        self.lost = 0
+        self.errors = 0
+
+    @property
+    def healthy(self) -> bool:
+        """False while writing fails (from the first failure to the next success)."""
+        return not self._failing
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
 
     async def start(self) -> None:
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+        await anyio.to_thread.run_sync(self._open)
         await anyio.to_thread.run_sync(self._end_torn_line)
         self._task = asyncio.create_task(self._run(), name="receipt-writer")
 
     def write(self, receipt: Receipt) -> None:
         """Queue one receipt; never blocks the event loop."""
+        if len(self._pending) >= self._max_pending:
+            self.lost += 1
+            if self._on_lost is not None:
+                self._on_lost(1)
+            if not self._losing:
+                self._losing = True
+                log.error(
+                    "receipts: %d pending, the backlog bound; further receipts are lost "
+                    "(counted in gateway_receipts_lost_total) until writing catches up",
+                    len(self._pending),
+                )
+            return
         # orjson writes dataclasses natively, fields in declaration order.
         self._pending.append(orjson.dumps(receipt) + b"\n")
+        self._changed()
         self._idle.clear()
         self._wakeup.set()
 
-    async def flush(self) -> None:
-        """Wait until everything queued so far is on disk."""
+    def reopen(self) -> None:
+        """SIGHUP: reopen the path before the next write (external logrotate)."""
+        self._reopen = True
+        self._wakeup.set()
+
+    async def flush(self, timeout_s: float | None = None) -> int:
+        """Wait until everything queued so far is on disk, at most ``timeout_s``;
+        the number of receipts still not written."""
         if self._task is None:
-            return
-        await self._idle.wait()
+            return len(self._pending)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._idle.wait()
+        except TimeoutError:
+            pass
+        return len(self._pending)
+
+    async def aclose(self, timeout_s: float | None = None) -> int:
+        """Write what is queued (waiting at most ``timeout_s``), then stop; the
+        number of receipts that could not be written (logged)."""
+        if self._task is None:
+            return len(self._pending)
+        self._closed = True
+        self._wakeup.set()
+        task, self._task = self._task, None
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.shield(task)
+        except TimeoutError:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        unwritten = len(self._pending)
+        if unwritten:
+            log.error("receipts: %d could not be written before shutdown", unwritten)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        return unwritten
+
+    # -- the flusher ------------------------------------------------------------
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        delay = _BACKOFF_S[0]
         while True:
             await self._wakeup.wait()
-            if not self._closed:
+            if not self._closed and not self._failing:
                 # Linger briefly so a busy gateway pays one thread hop and one
                 # fsync per batch, not per receipt (profile: ~15% of CPU at C=1).
                 await asyncio.sleep(_LINGER_S)
             self._wakeup.clear()
-            batch, self._pending = self._pending, []
-            if batch:
-                # The loop's own executor: anyio's thread hop detects the async
-                # library on every call, which showed in the profile.
-                await asyncio.get_running_loop().run_in_executor(
-                    None, self._append, b"".join(batch)
-                )
-                self.written += len(batch)
-            if not self._pending:
-                self._idle.set()
-                if self._closed:
-                    return
+            while self._pending or self._reopen:
+                try:
+                    # The loop's own executor: anyio's thread hop detects the async
+                    # library on every call, which showed in the profile.
+                    await loop.run_in_executor(None, self._write_batch)
+                except OSError as exc:
+                    self._failed(exc)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, _BACKOFF_S[1])
+                    continue
+                delay = _BACKOFF_S[0]
+                self._recovered()
+            self._changed()
+            self._idle.set()
+            if self._closed:
+                return
+
+    def _failed(self, exc: OSError) -> None:
+        self.errors += 1
+        if self._on_error is not None:
+            self._on_error()
+        if not self._failing:
+            self._failing = True
+            log.error(
+                "receipts: cannot write the audit file (%s); %d pending kept in memory, "
+                "retrying; inference and evidence requests get 503 audit_unavailable meanwhile",
+                _reason(exc),
+                len(self._pending),
+            )
+
+    def _recovered(self) -> None:
+        if self._failing:
+            self._failing = False
+            log.warning("receipts: the audit file is writable again")
+        if self._losing and len(self._pending) < self._max_pending:
+            self._losing = False
+
+    def _changed(self) -> None:
+        if self._on_pending is not None:
+            self._on_pending(len(self._pending))
+
+    # -- in the worker thread ---------------------------------------------------
+
+    def _open(self) -> None:
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd = fd
+        self._size = os.fstat(fd).st_size
+
+    def _write_batch(self) -> None:
+        """Append lines from the head of the queue (up to one batch); raises OSError
+        with the queue left exactly as far as the disk got."""
+        if self._reopen or self._fd is None:
+            self._reopen = False
+            self._open()
+        pending = self._pending
+        if not pending:
+            return
+        lines: list[bytes] = []
+        size = 0
+        for line in pending:
+            if lines and size + len(line) > _BATCH_BYTES:
+                break
+            lines.append(line)
+            size += len(line)
+        if (
+            self._rotate_bytes
+            and self._head_written == 0
+            and self._size
+            and self._size + size > self._rotate_bytes
+        ):
+            self._rotate()
+        data = memoryview(b"".join(lines))[self._head_written :]
+        assert self._fd is not None
+        done = 0
+        try:
+            while done < len(data):
+                done += os.write(self._fd, data[done:])
+        finally:
+            self._account(lines, done)
+        os.fsync(self._fd)
+
+    def _account(self, lines: list[bytes], done: int) -> None:
+        """Drop the lines ``done`` bytes completed; remember a cut line's progress."""
+        self._size += done
+        progress = self._head_written + done
+        for line in lines:
+            if progress < len(line):
+                break
+            progress -= len(line)
+            self._pending.popleft()
+            self.written += 1
+        self._head_written = progress
+
+    def _rotate(self) -> None:
+        for index in range(self._keep - 1, 0, -1):
+            older = self._path.with_name(f"{self._path.name}.{index}")
+            if older.exists():
+                os.replace(older, self._path.with_name(f"{self._path.name}.{index + 1}"))
+        if self._keep > 0:
+            os.replace(self._path, self._path.with_name(f"{self._path.name}.1"))
+        else:
+            os.unlink(self._path)
+        self._open()
 
     def _end_torn_line(self) -> None:
         """After a crash mid-append, start on a fresh line so the next receipt stays whole."""
@@ -117,24 +327,8 @@ class ReceiptWriter:
         if size:
             with self._path.open("rb") as handle:
                 handle.seek(size - 1)
-                if handle.read(1) != b"\n":
-                    self._append(b"\n")
-
-    def _append(self, data: bytes) -> None:
-        assert self._fd is not None
-        view = memoryview(data)
-        while view:
-            done = os.write(self._fd, view)
-            view = view[done:]
-        os.fsync(self._fd)
-
-    async def aclose(self) -> None:
-        if self._task is None:
-            return
-        self._closed = True
-        self._wakeup.set()
-        await self._task
-        self._task = None
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+                torn = handle.read(1) != b"\n"
+            if torn:
+                # Ahead of every receipt; written (and retried) like one, not counted as one.
+                self._pending.appendleft(b"\n")
+                self.written -= 1

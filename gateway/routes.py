@@ -6,6 +6,8 @@ that every reply carries the same error shape and request id.
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio.to_thread
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -64,6 +66,9 @@ async def evidence_upload(scope: Scope, receive: Receive, send: Send) -> None:
     info.endpoint = "evidence"
     try:
         tenant = await _tenant_for(scope, rt, "evidence")
+        # An upload is refused while receipts fail (spec §13); reads and deletes
+        # are served, so a tenant can still free a full volume.
+        rt.check_books()
         data = await read_body(
             scope, receive, tenant.limits.max_media_bytes, rt.config.listen.body_timeout_s
         )
@@ -120,8 +125,11 @@ async def livez(scope: Scope, receive: Receive, send: Send) -> None:
 async def readyz(scope: Scope, receive: Receive, send: Send) -> None:
     rt = runtime_of(scope)
     info_of(scope).endpoint = "health"
-    ready = rt.accepting()
-    body = {"status": "ready" if ready else "not_ready", "draining": rt.draining}
+    reason = rt.not_ready_reason()
+    ready = rt.accepting() and reason is None
+    body: dict[str, Any] = {"status": "ready" if ready else "not_ready", "draining": rt.draining}
+    if reason is not None:
+        body["reason"] = reason
     await send_json(send, 200 if ready else 503, body)
 
 

@@ -61,11 +61,23 @@ class Runtime:
     def accepting(self) -> bool:
         return self.readiness.ready and not self.draining
 
+    def check_books(self) -> None:
+        """Refuse new work while receipts cannot be written (spec §13)."""
+        if not self.receipts.healthy:
+            raise GatewayError("audit_unavailable")
+
     def check_serving(self) -> None:
-        """Refuse a new inference or evidence request the gateway cannot serve
-        or cannot keep books for, before it touches the worker."""
+        """Refuse a new inference request the gateway cannot serve or cannot
+        keep books for, before it touches the worker."""
+        self.check_books()
         if not self.accepting():
             raise GatewayError("upstream_not_ready")
+
+    def not_ready_reason(self) -> str | None:
+        """Why ``/readyz`` is 503 beyond the worker's routes, if it is."""
+        if not self.receipts.healthy:
+            return "audit_unavailable"
+        return None
 
     async def reload(self) -> list[str]:
         """SIGHUP: re-read policies and key files; swap only if all are valid."""
@@ -82,18 +94,25 @@ class Runtime:
             return exc.errors
         self.policies = policies
         self.auth.swap(keys)
+        self.receipts.reopen()
         self.metrics.reloads.labels("applied").inc()
         log.info("reload applied: %d tenants", len(policies.tenants))
         return []
 
     async def drain(self, grace_s: float) -> None:
-        """SIGTERM: stop admitting, let in-flight requests finish, then end the rest."""
+        """SIGTERM: stop admitting, let in-flight requests finish, then end the rest.
+
+        Bounded: ``grace_s``, then whatever the ended requests need to hand in
+        their receipts, then at most ``audit.flush_timeout_s`` for the writer
+        (a full audit disk must not hold the pod past its termination grace)."""
         self.draining = True
+        log.info("drain: started, %d requests in flight, grace %.1f s", len(self.inflight), grace_s)
         await _wait_done(list(self.inflight), grace_s)
         for exchange in list(self.inflight):
             exchange.cancel(shutdown=True)
         await _wait_done(list(self.inflight), 5)
-        await self.receipts.flush()
+        unwritten = await self.receipts.aclose(self.config.audit.flush_timeout_s)
+        log.info("drain: done, %d receipts could not be written", unwritten)
 
 
 async def _wait_done(exchanges: list[Exchange], timeout_s: float) -> None:
@@ -115,7 +134,16 @@ async def build_runtime(loaded: Loaded) -> Runtime:
     evidence = EvidenceService.from_config(config.staging, metrics.leases_active.set)
     # One server per staging dir: clear temp files and leases a crash left behind.
     await anyio.to_thread.run_sync(evidence.recover)
-    receipts = ReceiptWriter(config.audit.path)
+    audit = config.audit
+    receipts = ReceiptWriter(
+        audit.path,
+        max_pending=audit.max_pending,
+        rotate_bytes=audit.rotate_bytes,
+        keep=audit.keep,
+        on_error=metrics.receipt_errors.inc,
+        on_lost=metrics.receipts_lost.inc,
+        on_pending=metrics.receipts_pending.set,
+    )
     await receipts.start()
     admission = Admission(
         config.admission.capacity,
@@ -149,7 +177,7 @@ async def build_runtime(loaded: Loaded) -> Runtime:
 
 async def close_runtime(runtime: Runtime) -> None:
     await runtime.readiness.aclose()
-    await runtime.receipts.aclose()
+    await runtime.receipts.aclose(runtime.config.audit.flush_timeout_s)
     await runtime.upstream.aclose()
     if runtime.keys_http is not None:
         await runtime.keys_http.aclose()

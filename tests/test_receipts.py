@@ -10,6 +10,8 @@ from pathlib import Path
 import orjson
 
 from gateway.receipts import Receipt, ReceiptWriter, Usage
+from tests.support.poll import eventually_async
+from tests.support.tmpfs import fill, free, small_fs
 
 
 def _receipt(n: int) -> Receipt:
@@ -107,3 +109,95 @@ def test_receipt_line_is_every_field_in_order() -> None:
     assert list(orjson.loads(orjson.dumps(receipt))) == [
         f.name for f in dataclasses.fields(receipt)
     ]
+
+
+# -- never failing open (spec §13): a real full filesystem ---------------------
+
+
+def _ids(path: Path) -> list[str]:
+    return [json.loads(line)["request_id"] for line in path.read_bytes().splitlines()]
+
+
+async def test_a_full_disk_keeps_receipts_and_recovers_by_itself(tmp_path: Path) -> None:
+    errors: list[int] = []
+    with small_fs(tmp_path / "audit", 256) as fs:
+        path = fs / "receipts.jsonl"
+        writer = ReceiptWriter(path, on_error=lambda: errors.append(1))
+        await writer.start()
+        writer.write(_receipt(0))
+        assert await writer.flush(5) == 0
+        fill(fs)
+        for i in range(1, 60):
+            writer.write(_receipt(i))
+        await eventually_async(lambda: not writer.healthy and errors != [], "writer failing")
+        assert writer.pending > 0
+        free(fs)
+        await eventually_async(lambda: writer.healthy and writer.pending == 0, "writer recovered")
+        await writer.aclose(5)
+        # Each receipt exactly once and whole: a line cut by the full disk was completed.
+        assert _ids(path) == [f"req-{i}" for i in range(60)]
+        assert writer.written == 60 and writer.lost == 0
+
+
+async def test_past_the_backlog_bound_receipts_are_counted_lost(tmp_path: Path) -> None:
+    lost: list[int] = []
+    with small_fs(tmp_path / "audit", 128) as fs:
+        path = fs / "receipts.jsonl"
+        writer = ReceiptWriter(path, max_pending=10, on_lost=lost.append)
+        await writer.start()
+        fill(fs)
+        for i in range(15):
+            writer.write(_receipt(i))
+        assert writer.lost == 5 and sum(lost) == 5
+        await eventually_async(lambda: not writer.healthy, "writer failing")
+        free(fs)
+        await eventually_async(lambda: writer.pending == 0, "backlog written")
+        await writer.aclose(5)
+        assert _ids(path) == [f"req-{i}" for i in range(10)]
+
+
+async def test_flush_and_close_stop_waiting_on_a_full_disk(tmp_path: Path) -> None:
+    with small_fs(tmp_path / "audit", 128) as fs:
+        writer = ReceiptWriter(fs / "receipts.jsonl")
+        await writer.start()
+        fill(fs)
+        for i in range(5):
+            writer.write(_receipt(i))
+        assert await writer.flush(0.2) > 0, "flush reports what it could not write"
+        assert await writer.aclose(0.2) > 0
+        assert writer.pending > 0
+
+
+async def test_rotation_keeps_the_newest_files(tmp_path: Path) -> None:
+    path = tmp_path / "receipts.jsonl"
+    line = len(orjson.dumps(_receipt(0))) + 1
+    writer = ReceiptWriter(path, rotate_bytes=line * 3, keep=2)
+    await writer.start()
+    for i in range(10):
+        writer.write(_receipt(i))
+        assert await writer.flush(5) == 0
+    await writer.aclose(5)
+    _check_rotated(tmp_path, path, line * 3)
+
+
+def _check_rotated(folder: Path, path: Path, bound: int) -> None:
+    files = sorted(p.name for p in folder.iterdir())
+    assert files == ["receipts.jsonl", "receipts.jsonl.1", "receipts.jsonl.2"]
+    kept = _ids(folder / "receipts.jsonl.2") + _ids(folder / "receipts.jsonl.1") + _ids(path)
+    assert kept == [f"req-{i}" for i in range(10 - len(kept), 10)]
+    assert all(p.stat().st_size <= bound for p in folder.iterdir())
+
+
+async def test_reopen_follows_an_external_rotation(tmp_path: Path) -> None:
+    path = tmp_path / "receipts.jsonl"
+    writer = ReceiptWriter(path)
+    await writer.start()
+    writer.write(_receipt(1))
+    assert await writer.flush(5) == 0
+    path.rename(tmp_path / "receipts.jsonl.old")  # logrotate's move
+    writer.reopen()
+    writer.write(_receipt(2))
+    assert await writer.flush(5) == 0
+    await writer.aclose(5)
+    assert _ids(tmp_path / "receipts.jsonl.old") == ["req-1"]
+    assert _ids(path) == ["req-2"]

@@ -205,11 +205,15 @@ def write_model(spec: ModelSpec, folder: Path) -> None:
 
 def nul_token_id(folder: str | os.PathLike[str]) -> int:
     """The id of the byte-level token that decodes to U+0000."""
+    return byte_token_id(folder, 0)
+
+
+def byte_token_id(folder: str | os.PathLike[str], byte: int) -> int:
+    """The id of the byte-level token for one byte (below 0x80: decodes to that character)."""
     tokenizer = Tokenizer.from_file(str(Path(folder) / "tokenizer.json"))
-    token = _byte_level_char(0)
-    found = _token_id(tokenizer, token)
-    if tokenizer.decode([found]) != "\x00":
-        raise ValueError(f"token {found} does not decode to U+0000")
+    found = _token_id(tokenizer, _byte_level_char(byte))
+    if byte < 0x80 and tokenizer.decode([found]) != chr(byte):
+        raise ValueError(f"token {found} does not decode to byte {byte:#x}")
     return found
 
 
