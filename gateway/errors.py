@@ -44,12 +44,15 @@ _CODES: dict[str, tuple[int, str]] = {
     "rate_limited": (429, "rate_limit_error"),
     "queue_full": (429, "rate_limit_error"),
     "admission_timeout": (429, "rate_limit_error"),
+    "budget_exhausted": (429, "rate_limit_error"),
+    "concurrency_limited": (429, "rate_limit_error"),
     "internal_error": (500, "server_error"),
     "storage_error": (500, "server_error"),
     "upstream_unavailable": (502, "upstream_unavailable"),
     "upstream_protocol_error": (502, "upstream_protocol_error"),
     "upstream_error": (502, "upstream_error"),
     "upstream_not_ready": (503, "upstream_not_ready"),
+    "limits_unavailable": (503, "server_error"),
     "upstream_timeout": (504, "upstream_timeout"),
     "http_version_not_supported": (505, "invalid_request_error"),
 }
@@ -86,6 +89,7 @@ _DEFAULT_MESSAGES: dict[str, str] = {
     "headers_too_large": "The request headers are too large.",
     "http_version_not_supported": "Only HTTP/1.1 is served.",
     "storage_error": "The evidence store failed.",
+    "limits_unavailable": "The rate-limit store is unavailable.",
 }
 
 

@@ -42,7 +42,7 @@ from gateway.auth import authorize
 from gateway.errors import GatewayError
 from gateway.limits import ClientDisconnected, parse_json, read_body
 from gateway.policy import Tenant
-from gateway.ratelimit import Reservation, estimate_prompt_tokens
+from gateway.ratelimit import Hold, TenantLimits, estimate_prompt_tokens
 from gateway.receipts import Receipt, Usage
 from gateway.rewrite import (
     RequestPlan,
@@ -78,7 +78,7 @@ class _Call:
     receipt: Receipt
     exchange: Exchange
     permit: Permit | None = None
-    reservation: Reservation | None = None
+    reservation: Hold | None = None
     leased: bool = False
     # Callers choose x-request-id (and may repeat it); leases need a key of our own.
     # Made only when the request has media (most have none).
@@ -191,10 +191,14 @@ class InferenceEndpoint:
     async def _exchange(self, call: _Call, plan: RequestPlan) -> None:
         rt, tenant, receipt, info = call.rt, call.tenant, call.receipt, call.info
         limits = tenant.limits
-        call.reservation = rt.ratelimit.reserve(
+        call.reservation = await rt.ratelimit.reserve(
             tenant.name,
-            limits.requests_per_minute,
-            limits.tokens_per_minute,
+            TenantLimits(
+                limits.requests_per_minute,
+                limits.tokens_per_minute,
+                limits.tokens_per_day,
+                limits.max_concurrent_requests,
+            ),
             plan.max_tokens + estimate_prompt_tokens(plan.prompt_bytes),
         )
         rate_headers = call.reservation.headers()
@@ -395,7 +399,7 @@ class InferenceEndpoint:
             receipt.outcome = "rejected"
         if call.reservation is not None:
             used = receipt.usage.total_tokens if receipt.usage is not None else 0
-            call.reservation.settle(used)
+            rt.ratelimit.settle(call.reservation, used)
         receipt.duration_ms = round((time.monotonic() - info.started) * 1000, 3)
         info.outcome = receipt.outcome
         rt.receipts.write(receipt)

@@ -28,12 +28,14 @@ from gateway.launch import serve_identity as launch_identity
 from gateway.loader import ConfigError, Loaded, load_config, load_policies
 from gateway.metrics import GatewayMetrics
 from gateway.policy import PolicySet
-from gateway.ratelimit import InMemoryBucketStore, RateLimiter
+from gateway.ratelimit import LimitsStore, build_limits_store
 from gateway.readiness import Readiness
 from gateway.receipts import ReceiptWriter
 from gateway.upstream import Upstream
 
 log = logging.getLogger("gateway")
+#: how long a shutdown waits for the limits store's pending settlements
+_LIMITS_CLOSE_S = 5.0
 
 
 @dataclass(eq=False)
@@ -75,7 +77,7 @@ class Runtime:
     upstream: Upstream
     readiness: Readiness
     admission: Admission
-    ratelimit: RateLimiter
+    ratelimit: LimitsStore
     evidence: EvidenceService
     receipts: ReceiptWriter
     metrics: GatewayMetrics
@@ -141,6 +143,8 @@ async def build_runtime(loaded: Loaded) -> Runtime:
     await anyio.to_thread.run_sync(evidence.recover)
     receipts = ReceiptWriter(config.audit.path)
     await receipts.start()
+    ratelimit = build_limits_store(config, metrics)
+    await ratelimit.start()
     admission = Admission(
         config.admission.capacity,
         config.admission.max_queue,
@@ -159,7 +163,7 @@ async def build_runtime(loaded: Loaded) -> Runtime:
         upstream=upstream,
         readiness=Readiness(upstream, metrics),
         admission=admission,
-        ratelimit=RateLimiter(InMemoryBucketStore()),
+        ratelimit=ratelimit,
         evidence=evidence,
         receipts=receipts,
         metrics=metrics,
@@ -174,6 +178,7 @@ async def build_runtime(loaded: Loaded) -> Runtime:
 async def close_runtime(runtime: Runtime) -> None:
     await runtime.readiness.aclose()
     await runtime.receipts.aclose()
+    await runtime.ratelimit.aclose(_LIMITS_CLOSE_S)
     await runtime.upstream.aclose()
     if runtime.keys_http is not None:
         await runtime.keys_http.aclose()
