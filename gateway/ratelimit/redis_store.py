@@ -138,6 +138,7 @@ class RedisLimitsStore:
         self._reserve = client.register_script(RESERVE)
         self._settle = client.register_script(SETTLE)
         self._healthy = True
+        self._dropping = False
         self._flusher: Flusher[_Settlement] = Flusher(
             self._apply,
             name="limits-settlements",
@@ -308,9 +309,16 @@ class RedisLimitsStore:
             self._enqueue(_Settlement(keys, hold_id, 0, 0, -1, 0))
 
     def _enqueue(self, settlement: _Settlement) -> None:
-        if not self._flusher.put(settlement):
-            self._metrics.limits_store_error("settle")
-            log.warning("limits settlement queue full or closed: a settlement was dropped")
+        if self._flusher.put(settlement):
+            self._dropping = False
+            return
+        self._metrics.limits_store_error("settle")
+        if not self._dropping:  # once per episode
+            self._dropping = True
+            log.warning(
+                "limits settlement queue full or closed: settlements are dropped "
+                "(their reservations stay charged until their lease ends)"
+            )
 
     async def _apply(self, batch: list[_Settlement]) -> None:
         started = time.perf_counter()
