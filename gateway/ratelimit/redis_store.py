@@ -233,9 +233,9 @@ class RedisLimitsStore:
         if limits.unlimited:
             return Hold(tenant, limits)
         keys = self.keys(tenant)
-        tokens_limited = limits.tokens_per_minute is not None or limits.tokens_per_day is not None
-        # Uploads (no slot, no tokens) leave nothing to settle: no entry, no id.
-        register = tokens_limited and (concurrent or tokens > 0)
+        # A hold with token limits is registered (even with 0 tokens: a settlement
+        # may still charge real usage); an entry nobody settles is pruned after its lease.
+        register = limits.tokens_per_minute is not None or limits.tokens_per_day is not None
         hold_id = os.urandom(12).hex() if register or want.slot else ""
         args = (
             limits.requests_per_minute or 0,

@@ -13,7 +13,7 @@ from gateway.ratelimit import Hold, LimitsStore, MemoryLimitsStore, RedisLimitsS
 from gateway.ratelimit.core import seconds_until_midnight
 from tests.support.redis import RedisServer, redis_server
 
-StoreFactory = Callable[..., Awaitable[LimitsStore]]
+StoreFactory = Callable[..., Awaitable[RedisLimitsStore]]
 
 
 @pytest.fixture(scope="session")
