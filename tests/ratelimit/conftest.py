@@ -16,6 +16,13 @@ from tests.support.redis import RedisServer, redis_server
 StoreFactory = Callable[..., Awaitable[RedisLimitsStore]]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # The property test runs in every suite and is scaled by `make fuzz` (tests/fuzz).
+    config.addinivalue_line(
+        "markers", "fuzz: hypothesis fuzzing; GATEWAY_FUZZ=long (make fuzz) scales the budget"
+    )
+
+
 @pytest.fixture(scope="session")
 def shared_redis() -> Iterator[RedisServer]:
     with redis_server() as server:

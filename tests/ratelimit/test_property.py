@@ -17,6 +17,7 @@ import asyncio
 import uuid
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -131,6 +132,7 @@ async def run(server: RedisServer, ops: list[tuple[object, ...]]) -> None:
             assert await store.aclose(5) == 0
 
 
+@pytest.mark.fuzz
 @budget(100)
 @given(ops=ops_strategy)
 def test_replicas_never_exceed_limits_or_leak_slots(
