@@ -1,17 +1,16 @@
-"""Fixtures for the limits stores: one real redis-server per session, fresh per test."""
+"""Fixtures for the limits stores (the redis-server fixtures are in tests/conftest.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
 
 from gateway.ratelimit import Hold, LimitsStore, MemoryLimitsStore, RedisLimitsStore
 from gateway.ratelimit.core import seconds_until_midnight
-from tests.support.redis import RedisServer, redis_server
 
 StoreFactory = Callable[..., Awaitable[RedisLimitsStore]]
 
@@ -21,27 +20,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "fuzz: hypothesis fuzzing; GATEWAY_FUZZ=long (make fuzz) scales the budget"
     )
-
-
-@pytest.fixture(scope="session")
-def shared_redis() -> Iterator[RedisServer]:
-    with redis_server() as server:
-        yield server
-
-
-@pytest.fixture
-def redis_url(shared_redis: RedisServer) -> str:
-    """The session's server, emptied for this test."""
-    with shared_redis.client() as client:
-        client.flushall()
-    return shared_redis.url
-
-
-@pytest.fixture
-def own_redis() -> Iterator[RedisServer]:
-    """A server of this test's own, to stop, pause and restart."""
-    with redis_server() as server:
-        yield server
 
 
 class Recorder:

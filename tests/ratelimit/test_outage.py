@@ -130,7 +130,7 @@ async def test_settle_never_blocks_and_is_applied_after_a_pause(own_redis: Redis
         started = time.perf_counter()
         for hold in holds:
             store.settle(hold, 50)
-        assert time.perf_counter() - started < 0.005
+        assert time.perf_counter() - started < 0.05  # the pause lasts 700 ms
         assert store.pending_settlements == 4
         assert await store.flush(5)  # the flusher retried until Redis answered
         assert time.monotonic() > until - 0.1

@@ -117,7 +117,7 @@ async def test_a_restarted_gateway_sees_the_remaining_budget(
     redis_stores: StoreFactory,
 ) -> None:
     away_from_midnight()
-    limits = TenantLimits(tokens_per_minute=10_000, tokens_per_day=1000)
+    limits = TenantLimits(tokens_per_minute=1200, tokens_per_day=1000)
     first = await redis_stores()
     hold = await first.reserve("acme", limits, 900)
     first.settle(hold, 700)
@@ -127,7 +127,8 @@ async def test_a_restarted_gateway_sees_the_remaining_budget(
         await second.reserve("acme", limits, 301)
     assert info.value.code == "budget_exhausted"
     ok = await second.reserve("acme", limits, 300)
-    assert ok.headers()["x-ratelimit-remaining-tokens"] == str(10_000 - 700 - 300)
+    # the minute's bucket too: 1200 - 700 - 300, plus a few ms of refill (20 a second)
+    assert 200 <= int(ok.headers()["x-ratelimit-remaining-tokens"]) < 220
 
 
 async def test_a_killed_replicas_slot_expires_but_its_tokens_stay_charged(
@@ -135,6 +136,7 @@ async def test_a_killed_replicas_slot_expires_but_its_tokens_stay_charged(
 ) -> None:
     limits = TenantLimits(tokens_per_minute=1000, max_concurrent_requests=1)
     doomed = await redis_stores(lease_s=0.5)
+    taken_at = time.monotonic()
     hold = await doomed.reserve("acme", limits, 600)
     assert hold.slot is not None
     del hold  # SIGKILL: never settled; the instance is simply dropped
@@ -153,7 +155,7 @@ async def test_a_killed_replicas_slot_expires_but_its_tokens_stay_charged(
             await asyncio.sleep(0.02)
     assert admitted is not None, "the dead replica's slot never expired"
     waited = time.monotonic() - started
-    assert 0.3 < waited < 5
+    assert time.monotonic() - taken_at > 0.45  # not before its lease ended
     # 400 left + refill while waiting (1000/min) - 100: nothing of the 600 came back
     remaining = int(admitted.headers()["x-ratelimit-remaining-tokens"])
     assert remaining <= 400 + waited * 1000 / 60 + 2 - 100

@@ -1,9 +1,10 @@
 """Both stores, one contract: the same sequence gets the same decisions.
 
 Time is real here (the Redis store runs on the server's clock), so the
-limits are chosen to refill negligibly within a test (at most a few
-hundredths of a unit): decisions, ``Retry-After`` and ``remaining`` headers
-are exact; ``reset`` headers are not compared.
+limits are chosen to refill slowly (at most 100 a minute: a decision or a
+``remaining`` header would need a stall of over half a second between two
+steps to change): decisions, ``Retry-After`` and ``remaining`` headers are
+exact; ``reset`` headers are not compared.
 """
 
 from __future__ import annotations
@@ -34,26 +35,26 @@ class Step:
 
 
 R3 = TenantLimits(requests_per_minute=3)
-T1000 = TenantLimits(tokens_per_minute=1000)
+T60 = TenantLimits(tokens_per_minute=60)
 D1000 = TenantLimits(tokens_per_day=1000)
 C2 = TenantLimits(max_concurrent_requests=2)
-ALL = TenantLimits(6, 1000, 900, 2)
+ALL = TenantLimits(6, 100, 90, 2)
 R1C1 = TenantLimits(requests_per_minute=1, max_concurrent_requests=1)
 
 SEQUENCE = [
     # rpm: three, then a refusal
     *(Step(f"r{i}", R3) for i in range(4)),
     # tpm: settle refunds the unused part, once
-    Step("t1", T1000, 800),
-    Step("t1", used=300),
+    Step("t1", T60, 48),
+    Step("t1", used=18),
     Step("t1", used=0),
-    Step("t2", T1000, 700),
-    Step("t3", T1000, 1),
+    Step("t2", T60, 42),
+    Step("t3", T60, 1),
     # clamped to the minute, then waits for a full bucket
-    Step("big", T1000, 5000, tenant="other"),
-    Step("big2", T1000, 1, tenant="other"),
-    Step("big", used=400, tenant="other"),
-    Step("big3", T1000, 600, tenant="other"),
+    Step("big", T60, 500, tenant="other"),
+    Step("big2", T60, 1, tenant="other"),
+    Step("big", used=24, tenant="other"),
+    Step("big3", T60, 36, tenant="other"),
     # the day
     Step("d1", D1000, 600),
     Step("d2", D1000, 400),
@@ -71,13 +72,13 @@ SEQUENCE = [
     Step("c4", C2, 1),
     Step("c5", C2, 1),
     # everything at once: the longest-lasting refusal is reported
-    Step("a1", ALL, 500, tenant="mixed"),
-    Step("a2", ALL, 400, tenant="mixed"),
-    Step("a3", ALL, 100, tenant="mixed"),
-    Step("a1", used=600, tenant="mixed"),
+    Step("a1", ALL, 50, tenant="mixed"),
+    Step("a2", ALL, 40, tenant="mixed"),
+    Step("a3", ALL, 10, tenant="mixed"),
+    Step("a1", used=60, tenant="mixed"),
     Step("a4", ALL, 1, tenant="mixed"),
     Step("a2", used=0, tenant="mixed"),
-    Step("a5", ALL, 300, tenant="mixed"),
+    Step("a5", ALL, 30, tenant="mixed"),
     Step("a6", ALL, 1, tenant="mixed"),
     Step("b1", R1C1, 1, tenant="mixed2"),
     Step("b2", R1C1, 1, tenant="mixed2"),
