@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 
 from gateway.ratelimit import LimitsStore, MemoryLimitsStore, RedisLimitsStore, TenantLimits
+from gateway.simulator.server import loop_factory
 
 LIMITS = TenantLimits(10**9, 10**12, 10**12, 10**6)
 
@@ -77,5 +78,6 @@ if __name__ == "__main__":
     parser.add_argument("--url", default=None, help="an existing Redis (default: start one)")
     parser.add_argument("-n", type=int, default=5000, help="measured reserves per store")
     args = parser.parse_args()
-    with _redis(args.url) as redis_url:
-        asyncio.run(main(redis_url, args.n))
+    # uvloop where available, as the gateway serves
+    with _redis(args.url) as redis_url, asyncio.Runner(loop_factory=loop_factory()) as runner:
+        runner.run(main(redis_url, args.n))
