@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup lint test demo bench soak fuzz clean
+.PHONY: setup lint test demo bench soak fuzz clean redis-server
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,11 @@ lint: setup
 	$(BIN)/ruff format --check gateway tests bench
 	$(BIN)/mypy
 
-test: lint
+# The limits-store tests run real redis-server instances of their own.
+redis-server:
+	@bash tests/support/ensure-redis-server.sh
+
+test: lint redis-server
 	$(BIN)/pytest -q -p no:cacheprovider
 
 demo: setup
@@ -32,7 +36,7 @@ bench: setup
 soak: setup
 	GATEWAY_SOAK=long $(BIN)/pytest -q -p no:cacheprovider tests/test_soak.py -s
 
-fuzz: setup
+fuzz: setup redis-server
 	GATEWAY_FUZZ=long $(BIN)/pytest -q -p no:cacheprovider -m fuzz -s --hypothesis-show-statistics
 
 clean:

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from gateway.loader import ConfigError, Loaded, load_all, load_config
 
@@ -19,10 +20,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from gateway.app import create_app
     from gateway.auth.keys import load_key_set
     from gateway.logs import setup_logging
+    from gateway.ratelimit.factory import store_password
     from gateway.server import serve
 
     loaded = _load(args.config)
     load_key_set(loaded.config.auth, os.environ)  # fail before listening, not in the lifespan
+    store_password(loaded.config, os.environ)  # likewise: the limits store's password
     setup_logging(loaded.config.logging.level)
     listen = loaded.config.listen
     host = args.host or listen.host
@@ -41,6 +44,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(
         f"admission: capacity {config.admission.capacity}, max_queue {config.admission.max_queue}"
     )
+    store = config.limits_store
+    where = "" if store.backend == "memory" else f" {urlsplit(store.url).hostname}"
+    print(f"limits_store: {store.backend}{where} on_error={store.on_error}")
     for name, tenant in sorted(loaded.policies.tenants.items()):
         lim = tenant.limits
         models = ", ".join(sorted(tenant.policy.models)) or "(none)"
@@ -50,6 +56,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             f"max_body_bytes={lim.max_body_bytes} max_prompt_bytes={lim.max_prompt_bytes} "
             f"max_output_tokens={lim.max_output_tokens} max_media_parts={lim.max_media_parts} "
             f"rpm={lim.requests_per_minute} tpm={lim.tokens_per_minute} "
+            f"tpd={lim.tokens_per_day} max_concurrent={lim.max_concurrent_requests} "
             f"share={tenant.policy.admission.share} "
             f"max_permits={tenant.policy.admission.max_permits}"
         )

@@ -1,4 +1,4 @@
-"""The one typed gateway config (spec §3).
+"""The one typed gateway config (spec §3, §15).
 
 Every section is a frozen pydantic model with ``extra="forbid"``: a misspelt
 key is an error, never a silent default. Relative paths resolve against the
@@ -292,6 +292,36 @@ class LoggingConfig(Model):
     level: Literal["debug", "info", "warning", "error"] = "info"
 
 
+class LimitsStoreConfig(Model):
+    """Where tenant rate limits live (spec §15): this process, or a shared Redis."""
+
+    backend: Literal["memory", "redis"] = "memory"
+    url: str = "redis://127.0.0.1:6379/0"
+    #: the environment variable holding the password (never the password itself)
+    password_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
+    key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9:._-]{0,64}$")] = "mrgw:"
+    timeout_ms: Annotated[int, Field(ge=1, le=60_000)] = 50
+    on_error: Literal["closed", "open"] = "closed"
+
+    @field_validator("url")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("redis", "rediss") or not parts.hostname:
+            raise ValueError("must be a redis:// or rediss:// URL with a host")
+        if parts.password is not None:
+            raise ValueError("must not carry a password (use password_env)")
+        if parts.path not in ("", "/") and not re.fullmatch(r"/[0-9]{1,5}", parts.path):
+            raise ValueError("path must be a database number, e.g. /0")
+        if parts.query or parts.fragment:
+            raise ValueError("must not carry a query or fragment")
+        try:
+            parts.port  # noqa: B018 - raises on a malformed port
+        except ValueError as exc:
+            raise ValueError("has an invalid port") from exc
+        return value
+
+
 class GatewayConfig(Model):
     listen: ListenConfig = ListenConfig()
     upstream: UpstreamConfig
@@ -304,6 +334,7 @@ class GatewayConfig(Model):
     audit: AuditConfig = AuditConfig()
     metrics: MetricsConfig = MetricsConfig()
     logging: LoggingConfig = LoggingConfig()
+    limits_store: LimitsStoreConfig = LimitsStoreConfig()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> GatewayConfig:

@@ -18,6 +18,7 @@ UNKNOWN_TENANT = "-"
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120)
 # Whole requests: from fast refusals to long streams (total timeout 600 s).
 _DURATION_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+_STORE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
 _WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30)
 
 
@@ -99,6 +100,22 @@ class GatewayMetrics:
         )
         for result in ("applied", "refused"):
             self.reloads.labels(result)
+        # Limits store calls (spec §15): loopback Redis answers in ~0.1-1 ms.
+        self.limits_store_seconds = Histogram(
+            "gateway_limits_store_seconds",
+            "Time of one limits-store call, by operation (reserve|settle|probe).",
+            ["op"],
+            buckets=_STORE_BUCKETS,
+            registry=r,
+        )
+        self.limits_store_errors = Counter(
+            "gateway_limits_store_errors_total",
+            "Failed limits-store calls (unreachable, timed out, refused), by operation.",
+            ["op"],
+            registry=r,
+        )
+        for op in ("reserve", "settle"):
+            self.limits_store_errors.labels(op)
 
     def child(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)``, remembered: prometheus_client validates and
@@ -121,3 +138,10 @@ class GatewayMetrics:
     def on_admission_change(self, in_use: int, queue_depth: int) -> None:
         self.permits_in_use.set(in_use)
         self.queue_depth.set(queue_depth)
+
+    # StoreMetrics (gateway.ratelimit.base): the limits store reports here.
+    def limits_store_call(self, op: str, seconds: float) -> None:
+        self.child(self.limits_store_seconds, op).observe(seconds)
+
+    def limits_store_error(self, op: str) -> None:
+        self.child(self.limits_store_errors, op).inc()

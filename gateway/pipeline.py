@@ -60,7 +60,7 @@ from gateway.evidence.encode import BodyProducer
 from gateway.limits import ClientDisconnected, parse_json, read_body
 from gateway.outcome import Facts, decide
 from gateway.policy import Tenant
-from gateway.ratelimit import Reservation
+from gateway.ratelimit import Hold, TenantLimits
 from gateway.receipts import Receipt
 from gateway.relay import Relay, Timeouts
 from gateway.runtime import Runtime
@@ -86,7 +86,7 @@ class _Call:
     facts: Facts = field(default_factory=Facts)
     plan: Plan | None = None
     permit: Permit | None = None
-    reservation: Reservation | None = None
+    reservation: Hold | None = None
     # Callers choose x-request-id (and may repeat it); leases need a key of our own.
     # Made only when the request has media (most have none).
     lease_key: str = ""
@@ -203,10 +203,14 @@ class InferenceEndpoint:
         check_size(body.size, config.upstream.max_request_bytes)
 
         limits = tenant.limits
-        call.reservation = rt.ratelimit.reserve(
+        call.reservation = await rt.ratelimit.reserve(
             tenant.name,
-            limits.requests_per_minute,
-            limits.tokens_per_minute,
+            TenantLimits(
+                limits.requests_per_minute,
+                limits.tokens_per_minute,
+                limits.tokens_per_day,
+                limits.max_concurrent_requests,
+            ),
             (plan.max_tokens or 0) + estimate_prompt_tokens(plan.prompt_bytes),
         )
         rate_headers = call.reservation.headers()
@@ -423,7 +427,7 @@ class InferenceEndpoint:
         receipt.cancellation = list(decision.cancellation)
         if call.reservation is not None:
             used = receipt.usage.total_tokens if receipt.usage is not None else 0
-            call.reservation.settle(used)
+            rt.ratelimit.settle(call.reservation, used)
         receipt.duration_ms = round((time.monotonic() - info.started) * 1000, 3)
         info.outcome = receipt.outcome
         if facts.shutdown and info.error_code is None and not facts.finished:

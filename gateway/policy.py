@@ -38,6 +38,8 @@ class PolicyLimits(Model):
     max_json_depth: PositiveInt | None = None
     requests_per_minute: PositiveInt | None = None
     tokens_per_minute: PositiveInt | None = None
+    tokens_per_day: PositiveInt | None = None  # UTC day (spec §15)
+    max_concurrent_requests: PositiveInt | None = None  # in flight, across replicas
 
 
 class PolicyAdmission(Model):
@@ -98,6 +100,8 @@ class EffectiveLimits:
     max_json_depth: int
     requests_per_minute: int | None
     tokens_per_minute: int | None
+    tokens_per_day: int | None = None
+    max_concurrent_requests: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +149,8 @@ def resolve_limits(policy: PolicyLimits, ceilings: LimitsConfig) -> EffectiveLim
         **values,
         requests_per_minute=policy.requests_per_minute,
         tokens_per_minute=policy.tokens_per_minute,
+        tokens_per_day=policy.tokens_per_day,
+        max_concurrent_requests=policy.max_concurrent_requests,
     )
 
 

@@ -29,12 +29,14 @@ from gateway.launch import serve_identity as launch_identity
 from gateway.loader import ConfigError, Loaded, load_config, load_policies
 from gateway.metrics import GatewayMetrics
 from gateway.policy import PolicySet
-from gateway.ratelimit import InMemoryBucketStore, RateLimiter
+from gateway.ratelimit import LimitsStore, build_limits_store
 from gateway.receipts import ReceiptWriter
 from gateway.upstream.client import Upstream
 from gateway.upstream.readiness import Readiness
 
 log = logging.getLogger("gateway")
+#: how long a shutdown waits for the limits store's pending settlements
+_LIMITS_CLOSE_S = 5.0
 
 
 @dataclass(eq=False)
@@ -45,7 +47,7 @@ class Runtime:
     upstream: Upstream
     readiness: Readiness
     admission: Admission
-    ratelimit: RateLimiter
+    ratelimit: LimitsStore
     evidence: EvidenceService
     receipts: ReceiptWriter
     metrics: GatewayMetrics
@@ -145,6 +147,8 @@ async def build_runtime(loaded: Loaded) -> Runtime:
         on_pending=metrics.receipts_pending.set,
     )
     await receipts.start()
+    ratelimit = build_limits_store(config, metrics)
+    await ratelimit.start()
     admission = Admission(
         config.admission.capacity,
         config.admission.max_queue,
@@ -163,7 +167,7 @@ async def build_runtime(loaded: Loaded) -> Runtime:
         upstream=upstream,
         readiness=Readiness(upstream, metrics),
         admission=admission,
-        ratelimit=RateLimiter(InMemoryBucketStore()),
+        ratelimit=ratelimit,
         evidence=evidence,
         receipts=receipts,
         metrics=metrics,
@@ -178,6 +182,7 @@ async def build_runtime(loaded: Loaded) -> Runtime:
 async def close_runtime(runtime: Runtime) -> None:
     await runtime.readiness.aclose()
     await runtime.receipts.aclose(runtime.config.audit.flush_timeout_s)
+    await runtime.ratelimit.aclose(_LIMITS_CLOSE_S)
     await runtime.upstream.aclose()
     if runtime.keys_http is not None:
         await runtime.keys_http.aclose()

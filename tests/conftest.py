@@ -9,6 +9,7 @@ import pytest
 
 from gateway.testing.harness import DEMO_SECRET_ENV
 from tests.support.jwt import HS_SECRET
+from tests.support.redis import RedisServer, redis_server
 from tests.support.stack import Stack, running_stack
 
 
@@ -21,3 +22,25 @@ def _dev_secret(monkeypatch: pytest.MonkeyPatch) -> None:
 def stack(tmp_path: Path, _dev_secret: None) -> Iterator[Stack]:
     with running_stack(tmp_path) as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def shared_redis() -> Iterator[RedisServer]:
+    """One real redis-server for the session (loopback, no persistence)."""
+    with redis_server() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(shared_redis: RedisServer) -> str:
+    """The session's server, emptied for this test."""
+    with shared_redis.client() as client:
+        client.flushall()
+    return shared_redis.url
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    """A server of this test's own, to stop, pause and restart."""
+    with redis_server() as server:
+        yield server

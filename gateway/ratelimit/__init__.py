@@ -1,0 +1,31 @@
+"""Tenant limits shared through a store seam (spec §7, §12, §15).
+
+``core`` is the pure math (buckets, day counters, verdicts, headers);
+``base`` is the seam (:class:`LimitsStore`, :class:`Hold`); ``memory`` and
+``redis_store`` are its two implementations; ``flusher`` is the bounded
+settlement queue of the remote store; ``factory`` picks one from the config.
+Each module opens with its theory of operation.
+"""
+
+from gateway.apis.usage import estimate_prompt_tokens
+from gateway.ratelimit.base import Hold, LimitsStore, NullMetrics, StoreMetrics
+from gateway.ratelimit.core import TenantLimits, format_reset, retry_after
+from gateway.ratelimit.factory import build_limits_store, lease_for
+from gateway.ratelimit.memory import MemoryLimitsStore
+from gateway.ratelimit.redis_store import RedisLimitsStore, tenant_keys
+
+__all__ = [
+    "Hold",
+    "LimitsStore",
+    "MemoryLimitsStore",
+    "NullMetrics",
+    "RedisLimitsStore",
+    "StoreMetrics",
+    "TenantLimits",
+    "build_limits_store",
+    "estimate_prompt_tokens",
+    "format_reset",
+    "lease_for",
+    "retry_after",
+    "tenant_keys",
+]

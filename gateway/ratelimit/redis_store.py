@@ -1,0 +1,371 @@
+"""The shared limits store (``limits_store.backend: redis``, spec §15).
+
+Theory of operation
+-------------------
+
+Every replica of the gateway points at one Redis. Each decision is one Lua
+script run by the server (``gateway.ratelimit.scripts``), registered with
+``register_script``: the check and the take happen in one round trip, in
+one atomic step, on the server's clock, so N replicas admit exactly what one
+would. Nothing is read by a replica and then written back.
+
+Keys are ``<key_prefix>{<tenant as UTF-8 hex>}:<kind>``. The hex spelling
+makes the mapping from tenant names to keys injective: no tenant name
+(``a:b``, ``*``, ``{x}``, ``a b``, unicode) can address another tenant's
+keys or pattern-match them, and the braces are a cluster hash tag, so one
+tenant's keys share a slot. Every key written has a TTL (see ``scripts``).
+
+**Reserve.** One ``reserve`` script call per request, within ``timeout_s``
+(applied to the socket and connect timeouts and, around the whole call, by
+``asyncio.timeout``); redis-py's own retries are off. A store that is
+unreachable, refuses the script, or is slower than the timeout is a
+*failure*: ``on_error: closed`` raises 503 ``limits_unavailable``;
+``on_error: open`` serves the request with an unchecked :class:`Hold` (no
+headers, nothing to settle). Every failure is counted
+(``gateway_limits_store_errors_total{op}``); the first of an episode is
+logged with its reason (exception type and Redis' text, never the
+password), and the first success after it logs the recovery. ``healthy`` is
+False during an episode. There is no circuit breaker: each request tries
+again, so the store recovers by itself as soon as Redis answers.
+
+A reservation whose answer was lost (timeout, cancellation) may still have
+been applied by the server; its slot and hold entry are voided through the
+settlement queue (a settle with no token refund), so the slot is freed but
+the tokens stay charged, the conservative direction.
+
+**Settle** is synchronous and never waits: it queues a settlement on a
+:class:`~gateway.ratelimit.flusher.Flusher` whose one task pipelines
+``settle`` script calls (one per hold) and retries with backoff while Redis
+is failing. Settlements are idempotent on the server (a hold's entry in the
+``holds`` set is removed by the one settlement that applies its refunds),
+so a batch retried after a lost reply is not applied twice.
+
+**Crashes.** A replica that dies without settling leaves its slots and
+holds in Redis; they expire with their lease (``lease_s``, the gateway
+passes ``upstream.total_timeout_s + 10``), which frees the tenant's slots,
+while the tokens they reserved stay charged: nothing refunds them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from gateway.errors import GatewayError
+from gateway.ratelimit.base import Hold, NullMetrics, StoreMetrics
+from gateway.ratelimit.core import TenantLimits, Verdict, charges, judge
+from gateway.ratelimit.flusher import Flusher
+from gateway.ratelimit.scripts import RESERVE, SETTLE
+
+__all__ = ["RedisLimitsStore", "TenantKeys", "tenant_keys"]
+
+log = logging.getLogger("gateway.limits")
+
+OnError = Literal["closed", "open"]
+#: the failures that make a store call fail (rather than a gateway bug)
+_STORE_ERRORS = (RedisError, OSError, TimeoutError)
+#: a settlement batch gets one timeout per this many scripts
+_SCRIPTS_PER_TIMEOUT = 64
+
+
+@dataclass(frozen=True, slots=True)
+class TenantKeys:
+    requests: str
+    tokens: str
+    day: str
+    slots: str
+    holds: str
+
+
+def tenant_keys(prefix: str, tenant: str) -> TenantKeys:
+    """The tenant's keys; injective in ``tenant`` for any prefix without braces."""
+    if "{" in prefix or "}" in prefix:
+        raise ValueError("key_prefix must not contain braces (they are the hash tag)")
+    base = f"{prefix}{{{tenant.encode('utf-8').hex()}}}:"
+    return TenantKeys(base + "rpm", base + "tpm", base + "day", base + "slots", base + "holds")
+
+
+@dataclass(frozen=True, slots=True)
+class _Settlement:
+    keys: TenantKeys
+    hold: str
+    tpm: int
+    minute_refund: int
+    day: int
+    day_refund: int
+
+
+def _float(raw: Any) -> float | None:
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    return float(text) if text else None
+
+
+class RedisLimitsStore:
+    """Limits shared by every replica on one Redis; see the module docstring."""
+
+    def __init__(
+        self,
+        client: Redis,
+        *,
+        key_prefix: str = "mrgw:",
+        timeout_s: float = 0.05,
+        on_error: OnError = "closed",
+        lease_s: float = 610.0,
+        metrics: StoreMetrics | None = None,
+        max_pending: int = 100_000,
+        secret: str | None = None,
+    ) -> None:
+        if timeout_s <= 0 or lease_s <= 0:
+            raise ValueError("timeout_s and lease_s must be positive")
+        tenant_keys(key_prefix, "")  # validates the prefix
+        self._client = client
+        self._prefix = key_prefix
+        self._timeout_s = timeout_s
+        self._on_error: OnError = on_error
+        self._lease_ms = max(1, round(lease_s * 1000))
+        self._metrics: StoreMetrics = metrics or NullMetrics()
+        self._secret = secret
+        self._keys: dict[str, TenantKeys] = {}
+        self._reserve = client.register_script(RESERVE)
+        self._settle = client.register_script(SETTLE)
+        self._healthy = True
+        self._dropping = False
+        self._flusher: Flusher[_Settlement] = Flusher(
+            self._apply,
+            name="limits-settlements",
+            max_pending=max_pending,
+            on_failure=lambda exc: self._failed("settle", exc),
+            on_success=self._succeeded,
+        )
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        password: str | None = None,
+        timeout_s: float = 0.05,
+        max_connections: int = 64,
+        **kwargs: Any,
+    ) -> RedisLimitsStore:
+        """A store on its own connection pool (``rediss://`` is TLS)."""
+        pool = BlockingConnectionPool.from_url(
+            url,
+            password=password,
+            max_connections=max_connections,
+            # Waiting for a free connection is bounded by the call's own timeout.
+            timeout=None,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            retry_on_timeout=False,
+            health_check_interval=0,
+        )
+        client = Redis(connection_pool=pool, retry=Retry(NoBackoff(), 0))
+        return cls(client, timeout_s=timeout_s, secret=password, **kwargs)
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    @property
+    def healthy(self) -> bool:
+        """False from a failed call to the next successful one."""
+        return self._healthy
+
+    @property
+    def pending_settlements(self) -> int:
+        return self._flusher.pending
+
+    async def start(self) -> None:
+        self._flusher.start()
+        # Not fatal: a replica may start while Redis is away, and recovers with it.
+        await self.probe()
+
+    async def probe(self) -> bool:
+        """PING within the timeout; updates ``healthy``."""
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await self._client.ping()
+        except _STORE_ERRORS as exc:
+            self._failed("probe", exc)
+            return False
+        finally:
+            self._metrics.limits_store_call("probe", time.perf_counter() - started)
+        self._succeeded()
+        return True
+
+    async def flush(self, timeout_s: float) -> bool:
+        return await self._flusher.flush(timeout_s)
+
+    async def aclose(self, timeout_s: float = 5.0) -> int:
+        unapplied = await self._flusher.aclose(timeout_s)
+        if unapplied:
+            log.warning(
+                "limits store closed with %d settlements not applied "
+                "(their reservations stay charged until their lease ends)",
+                unapplied,
+            )
+        await self._client.aclose()
+        await self._client.connection_pool.aclose()
+        return unapplied
+
+    # -- decisions ---------------------------------------------------------------
+
+    def keys(self, tenant: str) -> TenantKeys:
+        found = self._keys.get(tenant)
+        if found is None:
+            found = self._keys[tenant] = tenant_keys(self._prefix, tenant)
+        return found
+
+    async def reserve(
+        self, tenant: str, limits: TenantLimits, tokens: int, *, concurrent: bool = True
+    ) -> Hold:
+        want = charges(limits, tokens, concurrent=concurrent)
+        if limits.unlimited:
+            return Hold(tenant, limits)
+        keys = self.keys(tenant)
+        # A hold with token limits is registered (even with 0 tokens: a settlement
+        # may still charge real usage); an entry nobody settles is pruned after its lease.
+        register = limits.tokens_per_minute is not None or limits.tokens_per_day is not None
+        hold_id = os.urandom(12).hex() if register or want.slot else ""
+        args = (
+            limits.requests_per_minute or 0,
+            limits.tokens_per_minute or 0,
+            want.minute_tokens,
+            limits.tokens_per_day or 0,
+            want.day_tokens,
+            (limits.max_concurrent_requests or 0) if want.slot else 0,
+            hold_id,
+            self._lease_ms,
+            1 if register else 0,
+        )
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                raw = await self._reserve(
+                    keys=[keys.requests, keys.tokens, keys.day, keys.slots, keys.holds],
+                    args=args,
+                )
+        except _STORE_ERRORS as exc:
+            self._void(keys, hold_id)
+            self._failed("reserve", exc)
+            if self._on_error == "open":
+                return Hold(tenant, limits, checked=False)
+            raise GatewayError("limits_unavailable") from exc
+        except asyncio.CancelledError:
+            self._void(keys, hold_id)
+            raise
+        finally:
+            self._metrics.limits_store_call("reserve", time.perf_counter() - started)
+        self._succeeded()
+        refused, requests, tokens_level, until_midnight, day = raw
+        verdict = Verdict(
+            int(refused), _float(requests), _float(tokens_level), _float(until_midnight) or 0.0
+        )
+        headers = judge(limits, want, verdict)  # raises on refusal
+        return Hold(
+            tenant,
+            limits,
+            minute_tokens=want.minute_tokens,
+            day_tokens=want.day_tokens,
+            day=int(day) if limits.tokens_per_day is not None else None,
+            slot=hold_id if want.slot else None,
+            id=hold_id if register else "",
+            _headers=headers,
+        )
+
+    def settle(self, hold: Hold, used_tokens: int) -> None:
+        if not hold.claim_settlement(used_tokens) or not hold.checked:
+            return
+        limits = hold.limits
+        tpm = limits.tokens_per_minute or 0
+        minute_refund = hold.minute_tokens - used_tokens if tpm and hold.id else 0
+        day_refund = hold.day_tokens - used_tokens if hold.day is not None and hold.id else 0
+        if hold.slot is None and not minute_refund and not day_refund:
+            return
+        self._enqueue(
+            _Settlement(
+                self.keys(hold.tenant),
+                hold.id or (hold.slot or ""),
+                tpm,
+                minute_refund,
+                hold.day if hold.day is not None else -1,
+                day_refund,
+            )
+        )
+
+    def _void(self, keys: TenantKeys, hold_id: str) -> None:
+        """A reservation whose answer was lost: free its slot, keep its tokens charged."""
+        if hold_id:
+            self._enqueue(_Settlement(keys, hold_id, 0, 0, -1, 0))
+
+    def _enqueue(self, settlement: _Settlement) -> None:
+        if self._flusher.put(settlement):
+            self._dropping = False
+            return
+        self._metrics.limits_store_error("settle")
+        if not self._dropping:  # once per episode
+            self._dropping = True
+            log.warning(
+                "limits settlement queue full or closed: settlements are dropped "
+                "(their reservations stay charged until their lease ends)"
+            )
+
+    async def _apply(self, batch: list[_Settlement]) -> None:
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self._timeout_s * (1 + len(batch) // _SCRIPTS_PER_TIMEOUT)):
+                async with self._client.pipeline(transaction=False) as pipe:
+                    for s in batch:
+                        await self._settle(
+                            keys=[s.keys.tokens, s.keys.day, s.keys.slots, s.keys.holds],
+                            args=(s.hold, s.tpm, s.minute_refund, s.day, s.day_refund),
+                            client=pipe,
+                        )
+                    results = await pipe.execute(raise_on_error=False)
+        finally:
+            self._metrics.limits_store_call("settle", time.perf_counter() - started)
+        for result in results:
+            if isinstance(result, Exception):
+                if isinstance(result, RedisError) and "NOSCRIPT" not in str(result):
+                    # The script itself failed (a bug, or a key of the wrong type):
+                    # retrying would fail again, so it is counted and dropped.
+                    self._metrics.limits_store_error("settle")
+                    log.error("limits settlement refused by the store: %s", self._why(result))
+                    continue
+                raise result
+
+    # -- health ------------------------------------------------------------------
+
+    def _why(self, exc: BaseException) -> str:
+        if isinstance(exc, TimeoutError) and not str(exc):
+            return f"TimeoutError: no answer within {self._timeout_s * 1000:g} ms"
+        text = f"{type(exc).__name__}: {exc}"
+        if self._secret:
+            text = text.replace(self._secret, "***")
+        return text[:300]
+
+    def _failed(self, op: str, exc: BaseException) -> None:
+        self._metrics.limits_store_error(op)
+        if self._healthy:
+            self._healthy = False
+            log.warning(
+                "limits store unavailable (%s, during %s); on_error=%s",
+                self._why(exc),
+                op,
+                self._on_error,
+            )
+
+    def _succeeded(self) -> None:
+        if not self._healthy:
+            self._healthy = True
+            log.warning("limits store available again")

@@ -1,0 +1,50 @@
+"""Shared limits through real gateways on one Redis (spec §15)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.support.redis import RedisServer
+from tests.support.stack import chat_body, running_stack
+
+
+def test_two_gateways_share_one_tenants_limits(tmp_path: Path, redis_url: str) -> None:
+    store = {"backend": "redis", "url": redis_url, "timeout_ms": 1000}
+    acme = {"limits": {"requests_per_minute": 3, "max_concurrent_requests": 2}}
+    with (
+        running_stack(tmp_path / "a", acme=acme, limits_store=store) as a,
+        running_stack(tmp_path / "b", acme=acme, limits_store=store) as b,
+    ):
+        statuses = []
+        for stack in (a, b, a, b, a):
+            with stack.client() as client:
+                response = client.post("/v1/chat/completions", json=chat_body(max_tokens=5))
+                statuses.append(response.status_code)
+        assert statuses == [200, 200, 200, 429, 429]
+        with b.client() as client:
+            refused = client.post("/v1/chat/completions", json=chat_body(max_tokens=5))
+        assert refused.json()["error"]["code"] == "rate_limited"
+        assert refused.headers["x-ratelimit-limit-requests"] == "3"
+        # another tenant is not touched by acme's budget
+        with a.client(token=a.dev_token("globex")) as client:
+            assert client.post("/v1/chat/completions", json=chat_body()).status_code == 200
+        assert a.metric("gateway_limits_store_seconds_count", op="reserve") == 4
+
+
+def test_an_unreachable_store_is_503_without_touching_the_worker(
+    tmp_path: Path, own_redis: RedisServer
+) -> None:
+    store = {"backend": "redis", "url": own_redis.url, "timeout_ms": 200}
+    with running_stack(tmp_path, limits_store=store) as stack:
+        own_redis.stop()
+        with stack.client() as client:
+            response = client.post("/v1/chat/completions", json=chat_body(max_tokens=5))
+        assert response.status_code == 503
+        assert response.json()["error"]["code"] == "limits_unavailable"
+        assert [r for r in stack.sim.requests() if r.path == "/v1/chat/completions"] == []
+        assert stack.metric("gateway_limits_store_errors_total", op="reserve") == 1
+        receipt = stack.receipt(response.headers["x-request-id"])
+        assert receipt["error_code"] == "limits_unavailable"
+        own_redis.start()
+        with stack.client() as client:
+            assert client.post("/v1/chat/completions", json=chat_body()).status_code == 200

@@ -1,0 +1,195 @@
+"""The Redis store when Redis goes away, stalls, or comes back (spec §15).
+
+Each test has a redis-server of its own, stopped (by PID), paused with
+``CLIENT PAUSE`` or restarted on the same port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from gateway.errors import GatewayError
+from gateway.ratelimit import RedisLimitsStore, TenantLimits, tenant_keys
+from tests.ratelimit.conftest import Recorder
+from tests.support.redis import RedisServer
+
+LIMITS = TenantLimits(requests_per_minute=600, tokens_per_minute=10_000, max_concurrent_requests=4)
+
+
+async def make(server: RedisServer, recorder: Recorder, **kwargs: object) -> RedisLimitsStore:
+    kwargs.setdefault("timeout_s", 0.2)
+    store = RedisLimitsStore.from_url(server.url, metrics=recorder, **kwargs)  # type: ignore[arg-type]
+    await store.start()
+    return store
+
+
+@contextmanager
+def paused(server: RedisServer, ms: int) -> Iterator[float]:
+    """``CLIENT PAUSE ms ALL``; yields when the pause ends (monotonic)."""
+    with server.client() as client:
+        client.execute_command("CLIENT", "PAUSE", ms, "ALL")
+        yield time.monotonic() + ms / 1000
+
+
+async def recovered(store: RedisLimitsStore, timeout_s: float = 5) -> bool:
+    """Poll the store's own PING until it answers (bounded)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await store.probe():
+            return True
+        await asyncio.sleep(0.02)
+    return False
+
+
+async def test_closed_refuses_while_redis_is_down_and_recovers(
+    own_redis: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "gateway.limits")
+    recorder = Recorder()
+    store = await make(own_redis, recorder)
+    hold = await store.reserve("acme", LIMITS, 10)
+    store.settle(hold, 10)
+    assert await store.flush(5)
+    own_redis.stop()
+    for _ in range(3):
+        started = time.monotonic()
+        with pytest.raises(GatewayError) as info:
+            await store.reserve("acme", LIMITS, 10)
+        assert time.monotonic() - started < 1
+        assert (info.value.code, info.value.status) == ("limits_unavailable", 503)
+    assert not store.healthy
+    assert recorder.errors.count("reserve") == 3
+    # logged once for the episode, with the reason
+    warnings = [r for r in caplog.records if "unavailable" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "ConnectionError" in warnings[0].getMessage()
+    own_redis.start()  # the same port, an empty server
+    hold = await store.reserve("acme", LIMITS, 10)
+    assert store.healthy and hold.checked
+    assert any("available again" in r.getMessage() for r in caplog.records)
+    store.settle(hold, 10)
+    assert await store.aclose(5) == 0
+
+
+async def test_open_serves_unchecked_while_redis_is_down(own_redis: RedisServer) -> None:
+    recorder = Recorder()
+    store = await make(own_redis, recorder, on_error="open")
+    own_redis.stop()
+    hold = await store.reserve("acme", LIMITS, 10)
+    assert not hold.checked
+    assert hold.headers() == {}
+    queued = store.pending_settlements  # (the void of the lost reservation)
+    store.settle(hold, 10)  # nothing to settle
+    assert store.pending_settlements == queued
+    assert recorder.errors == ["reserve"]
+    assert not store.healthy
+    own_redis.start()
+    checked = await store.reserve("acme", LIMITS, 10)
+    assert checked.checked and checked.headers()
+    assert store.healthy
+    store.settle(checked, 10)
+    assert await store.aclose(5) == 0
+
+
+@pytest.mark.parametrize("on_error", ["closed", "open"])
+async def test_a_store_slower_than_timeout_ms_is_a_failure(
+    own_redis: RedisServer, on_error: str
+) -> None:
+    recorder = Recorder()
+    store = await make(own_redis, recorder, timeout_s=0.05, on_error=on_error)
+    await store.reserve("acme", LIMITS, 10)
+    with paused(own_redis, 400):
+        started = time.monotonic()
+        if on_error == "closed":
+            with pytest.raises(GatewayError) as info:
+                await store.reserve("acme", LIMITS, 10)
+            assert info.value.code == "limits_unavailable"
+        else:
+            assert not (await store.reserve("acme", LIMITS, 10)).checked
+        elapsed = time.monotonic() - started
+        assert 0.04 < elapsed < 0.3  # the 50 ms timeout, not the 400 ms pause
+    assert recorder.errors.count("reserve") == 1
+    assert await recovered(store)
+    hold = await store.reserve("acme", LIMITS, 10)
+    assert hold.checked
+    await store.aclose(5)
+
+
+async def test_settle_never_blocks_and_is_applied_after_a_pause(own_redis: RedisServer) -> None:
+    recorder = Recorder()
+    store = await make(own_redis, recorder, timeout_s=0.05)
+    holds = [await store.reserve("acme", LIMITS, 100) for _ in range(4)]
+    slots = tenant_keys("mrgw:", "acme").slots
+    with paused(own_redis, 700) as until:
+        started = time.perf_counter()
+        for hold in holds:
+            store.settle(hold, 50)
+        assert time.perf_counter() - started < 0.05  # the pause lasts 700 ms
+        assert store.pending_settlements == 4
+        assert await store.flush(5)  # the flusher retried until Redis answered
+        assert time.monotonic() > until - 0.1
+    assert "settle" in recorder.errors
+    with own_redis.client() as client:
+        assert client.zcard(slots) == 0
+    # 4 x 50 came back: 9600 + refill
+    hold = await store.reserve("acme", LIMITS, 1)
+    assert int(hold.headers()["x-ratelimit-remaining-tokens"]) >= 9800 - 1
+    store.settle(hold, 1)
+    assert await store.aclose(5) == 0
+
+
+async def test_close_is_bounded_and_counts_what_it_could_not_apply(
+    own_redis: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = await make(own_redis, Recorder())
+    holds = [await store.reserve("acme", LIMITS, 100) for _ in range(3)]
+    own_redis.stop()
+    for hold in holds:
+        store.settle(hold, 0)
+    started = time.monotonic()
+    assert await store.aclose(0.3) == 3
+    assert time.monotonic() - started < 1.5
+    assert "3 settlements not applied" in caplog.text
+
+
+async def test_a_lost_reservation_does_not_leak_its_slot(own_redis: RedisServer) -> None:
+    store = await make(own_redis, Recorder(), timeout_s=0.05)
+    limits = TenantLimits(max_concurrent_requests=1)
+    with paused(own_redis, 300):
+        with pytest.raises(GatewayError):
+            await store.reserve("acme", limits, 1)
+        assert store.pending_settlements == 1  # the void of the lost answer
+    assert await store.flush(5)
+    hold = await store.reserve("acme", limits, 1)  # the slot is free
+    store.settle(hold, 1)
+    assert await store.aclose(5) == 0
+
+
+async def test_a_cancelled_reserve_voids_its_slot(own_redis: RedisServer) -> None:
+    store = await make(own_redis, Recorder(), timeout_s=2)
+    limits = TenantLimits(max_concurrent_requests=1)
+    with paused(own_redis, 400):
+        task = asyncio.create_task(store.reserve("acme", limits, 1))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert await store.flush(5)
+    hold = await store.reserve("acme", limits, 1)
+    store.settle(hold, 1)
+    assert await store.aclose(5) == 0
+
+
+def test_the_server_helper_restarts_on_the_same_port(own_redis: RedisServer) -> None:
+    port, pid = own_redis.port, own_redis.pid
+    own_redis.restart()
+    assert (own_redis.port, own_redis.running) == (port, True)
+    assert own_redis.pid != pid
+    with own_redis.client() as client:
+        assert client.ping()

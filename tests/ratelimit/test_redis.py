@@ -1,0 +1,286 @@
+"""The Redis store against a real redis-server: replicas, keys, TTLs, restarts, crashes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import unicodedata
+
+import pytest
+
+from gateway.errors import GatewayError
+from gateway.ratelimit import Hold, RedisLimitsStore, TenantLimits, tenant_keys
+from gateway.ratelimit.core import seconds_until_midnight
+from tests.ratelimit.conftest import StoreFactory, away_from_midnight, gather_bounded, settled
+from tests.support.redis import RedisServer
+
+
+def outcome(result: object) -> str:
+    if isinstance(result, Hold):
+        return "ok"
+    assert isinstance(result, GatewayError), result
+    return result.code
+
+
+async def replicas(make: StoreFactory, n: int = 3) -> list[RedisLimitsStore]:
+    """``n`` stores on one Redis, each with a connection pool of its own."""
+    return [await make() for _ in range(n)]
+
+
+def all_keys(server: RedisServer) -> dict[str, int]:
+    """Every key in the server with its PTTL (ms; -1 = none)."""
+    with server.client() as client:
+        return {k.decode(): int(client.pttl(k)) for k in client.scan_iter(count=1000)}
+
+
+async def test_replicas_admit_exactly_rpm_in_a_burst(redis_stores: StoreFactory) -> None:
+    stores = await replicas(redis_stores)
+    limits = TenantLimits(requests_per_minute=20)
+    results = await gather_bounded([stores[i % 3].reserve("acme", limits, 0) for i in range(60)])
+    codes = [outcome(r) for r in results]
+    assert codes.count("ok") == 20
+    assert codes.count("rate_limited") == 40
+
+
+async def test_replicas_share_tokens_within_one_reservation(redis_stores: StoreFactory) -> None:
+    stores = await replicas(redis_stores)
+    limits = TenantLimits(tokens_per_minute=1000)
+    results = await gather_bounded([stores[i % 3].reserve("acme", limits, 130) for i in range(30)])
+    admitted = sum(130 for r in results if isinstance(r, Hold))
+    # never more than the minute (plus a few ms of refill), never short of it by a whole request
+    assert 1000 - 130 < admitted <= 1000
+
+
+async def test_day_budget_is_shared_and_refuses_until_midnight(
+    redis_stores: StoreFactory,
+) -> None:
+    away_from_midnight()
+    a, b, c = await replicas(redis_stores)
+    limits = TenantLimits(tokens_per_day=1000)
+    await a.reserve("acme", limits, 600)
+    await b.reserve("acme", limits, 400)
+    with pytest.raises(GatewayError) as info:
+        await c.reserve("acme", limits, 1)
+    assert info.value.code == "budget_exhausted"
+    assert info.value.status == 429
+    retry = int(info.value.headers["Retry-After"])
+    assert abs(retry - seconds_until_midnight(time.time())) <= 2
+    # an upload counts no tokens and is not refused by the day
+    await c.reserve("acme", limits, 0, concurrent=False)
+
+
+async def test_concurrency_holds_under_50_concurrent_reserves(
+    redis_stores: StoreFactory, shared_redis: RedisServer
+) -> None:
+    stores = await replicas(redis_stores)
+    limits = TenantLimits(max_concurrent_requests=5)
+    results = await gather_bounded([stores[i % 3].reserve("acme", limits, 1) for i in range(50)])
+    codes = [outcome(r) for r in results]
+    assert (codes.count("ok"), codes.count("concurrency_limited")) == (5, 45)
+    for store, result in zip([stores[i % 3] for i in range(50)], results, strict=True):
+        if isinstance(result, Hold):
+            store.settle(result, 1)
+    for store in stores:
+        assert await store.flush(5)
+
+    # churn: 50 workers reserve, hold briefly and settle; never more than 5 held at once
+    held = 0
+    peak = 0
+    admitted = 0
+
+    async def worker(store: RedisLimitsStore) -> None:
+        nonlocal held, peak, admitted
+        for _ in range(10):
+            try:
+                hold = await store.reserve("acme", limits, 1)
+            except GatewayError as exc:
+                assert exc.code == "concurrency_limited"
+                await asyncio.sleep(0.001)
+                continue
+            held += 1
+            admitted += 1
+            peak = max(peak, held)
+            await asyncio.sleep(0.002)
+            held -= 1
+            store.settle(hold, 1)
+
+    await gather_bounded([worker(stores[i % 3]) for i in range(50)], timeout_s=60)
+    assert 0 < peak <= 5
+    assert admitted >= 5
+    for store in stores:
+        assert await store.flush(5)
+    with shared_redis.client() as client:
+        assert client.zcard(tenant_keys("mrgw:", "acme").slots) == 0  # no slot leaked
+
+
+async def test_a_restarted_gateway_sees_the_remaining_budget(
+    redis_stores: StoreFactory,
+) -> None:
+    away_from_midnight()
+    limits = TenantLimits(tokens_per_minute=1200, tokens_per_day=1000)
+    first = await redis_stores()
+    hold = await first.reserve("acme", limits, 900)
+    first.settle(hold, 700)
+    assert await first.aclose(5) == 0  # the replica stops (its settlement applied)
+    second = await redis_stores()
+    with pytest.raises(GatewayError) as info:
+        await second.reserve("acme", limits, 301)
+    assert info.value.code == "budget_exhausted"
+    ok = await second.reserve("acme", limits, 300)
+    # the minute's bucket too: 1200 - 700 - 300, plus a few ms of refill (20 a second)
+    assert 200 <= int(ok.headers()["x-ratelimit-remaining-tokens"]) < 220
+
+
+async def test_a_killed_replicas_slot_expires_but_its_tokens_stay_charged(
+    redis_stores: StoreFactory, shared_redis: RedisServer
+) -> None:
+    limits = TenantLimits(tokens_per_minute=1000, max_concurrent_requests=1)
+    doomed = await redis_stores(lease_s=0.5)
+    taken_at = time.monotonic()
+    hold = await doomed.reserve("acme", limits, 600)
+    assert hold.slot is not None
+    del hold  # SIGKILL: never settled; the instance is simply dropped
+    survivor = await redis_stores()
+    with pytest.raises(GatewayError) as info:
+        await survivor.reserve("acme", limits, 100)
+    assert info.value.code == "concurrency_limited"
+    started = time.monotonic()
+    deadline = started + 5
+    admitted: Hold | None = None
+    while admitted is None and time.monotonic() < deadline:
+        try:
+            admitted = await survivor.reserve("acme", limits, 100)
+        except GatewayError as exc:
+            assert exc.code == "concurrency_limited"
+            await asyncio.sleep(0.02)
+    assert admitted is not None, "the dead replica's slot never expired"
+    waited = time.monotonic() - started
+    assert time.monotonic() - taken_at > 0.45  # not before its lease ended
+    # 400 left + refill while waiting (1000/min) - 100: nothing of the 600 came back
+    remaining = int(admitted.headers()["x-ratelimit-remaining-tokens"])
+    assert remaining <= 400 + waited * 1000 / 60 + 2 - 100
+    with shared_redis.client() as client:
+        keys = tenant_keys("mrgw:", "acme")
+        assert client.zcard(keys.slots) == 1  # the survivor's only
+        assert client.zcard(keys.holds) == 1
+
+
+TRICKY_TENANTS = [
+    "a:b",
+    "a",
+    ":b",
+    "a:",
+    "b",
+    "*",
+    "a*",
+    "?",
+    "[ab]",
+    "{x}",
+    "x",
+    "{x",
+    "x}",
+    "}{",
+    "a b",
+    "a\tb",
+    "",
+    "ünï",
+    unicodedata.normalize("NFD", "ünï"),
+    "mrgw:{61}:rpm",
+    "61",
+    "6",
+    "\x00",
+    "🦀",
+]
+
+
+async def test_tenant_names_never_share_keys(
+    redis_stores: StoreFactory, shared_redis: RedisServer
+) -> None:
+    assert len(set(TRICKY_TENANTS)) == len(TRICKY_TENANTS)
+    store = await redis_stores()
+    limits = TenantLimits(1, 1000, 5000, 1)
+    for tenant in TRICKY_TENANTS:
+        await store.reserve(tenant, limits, 10)  # every tenant's first request fits
+    for tenant in TRICKY_TENANTS:
+        with pytest.raises(GatewayError):
+            await store.reserve(tenant, limits, 10)  # and only its first
+    keys = all_keys(shared_redis)
+    owners: dict[str, set[str]] = {}
+    for key in keys:
+        assert key.startswith("mrgw:{"), key
+        tag, kind = key[len("mrgw:{") :].split("}:")
+        assert kind in {"rpm", "tpm", "day", "slots", "holds"}
+        owners.setdefault(bytes.fromhex(tag).decode("utf-8"), set()).add(kind)
+    assert set(owners) == set(TRICKY_TENANTS)
+    assert all(kinds == {"rpm", "tpm", "day", "slots", "holds"} for kinds in owners.values())
+    assert len(keys) == 5 * len(TRICKY_TENANTS)
+
+
+async def test_every_key_has_a_ttl(redis_stores: StoreFactory, shared_redis: RedisServer) -> None:
+    store = await redis_stores(lease_s=30)
+    limits = TenantLimits(10, 1000, 5000, 2)
+    hold = await store.reserve("acme", limits, 100)
+    await store.reserve("acme", limits, 10)  # held
+    await settled(store, hold, 1500)  # 1400 over: the minute's bucket owes 510
+    await store.reserve("acme", limits, 0, concurrent=False)
+    keys = all_keys(shared_redis)
+    assert len(keys) == 5
+    k = tenant_keys("mrgw:", "acme")
+    day_left_ms = seconds_until_midnight(time.time()) * 1000
+    for key, ttl in keys.items():
+        assert ttl > 0, key
+    # a bucket lives while it refills to full plus a minute
+    assert 60_000 < keys[k.requests] <= 2 * 60_000
+    assert 60_000 + 90_000 < keys[k.tokens] <= 60_000 + 91_000  # from -510: 91 s
+    # the day counter until an hour after the day; slots and holds: lease + margin
+    assert day_left_ms < keys[k.day] <= day_left_ms + 3_600_000 + 1000
+    assert 60_000 < keys[k.slots] <= 90_000
+    assert 60_000 < keys[k.holds] <= 90_000
+    # a tenant's sets go with their last member
+    done = await store.reserve("other", limits, 10)
+    await settled(store, done, 5)
+    other = tenant_keys("mrgw:", "other")
+    assert {other.requests, other.tokens, other.day} == set(all_keys(shared_redis)) - set(keys)
+
+
+async def test_settlements_apply_once_even_when_retried(
+    redis_stores: StoreFactory, shared_redis: RedisServer
+) -> None:
+    store = await redis_stores()
+    limits = TenantLimits(tokens_per_minute=1000, max_concurrent_requests=2)
+    hold = await store.reserve("acme", limits, 800)
+    store.settle(hold, 0)
+    assert store.pending_settlements == 1
+    # a batch whose reply was lost is sent again: the server applies it once
+    batch = list(store._flusher._pending)
+    await store._apply(batch + batch)
+    assert await store.flush(5)
+    after = await store.reserve("acme", limits, 1000)  # 1000 back, not 1800 capped
+    with pytest.raises(GatewayError) as info:
+        await store.reserve("acme", limits, 1)
+    assert info.value.code == "rate_limited"
+    await settled(store, after, 1000)
+
+
+async def test_password_from_the_environment_and_never_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from tests.support.redis import redis_server
+
+    secret = "s3cret-Pa55word-not-to-be-logged"
+    with redis_server(password=secret) as server:
+        good = RedisLimitsStore.from_url(server.url, password=secret, timeout_s=2)
+        await good.start()
+        assert good.healthy
+        await good.reserve("acme", TenantLimits(requests_per_minute=5), 0)
+        await good.aclose(2)
+        bad = RedisLimitsStore.from_url(server.url, password=secret + "x", timeout_s=2)
+        await bad.start()
+        assert not bad.healthy
+        with pytest.raises(GatewayError) as info:
+            await bad.reserve("acme", TenantLimits(requests_per_minute=5), 0)
+        assert info.value.code == "limits_unavailable"
+        assert info.value.status == 503
+        await bad.aclose(2)
+    assert "limits store unavailable" in caplog.text
+    assert secret not in caplog.text
