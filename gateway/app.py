@@ -24,10 +24,11 @@ from gateway.apis import APIS
 from gateway.asgi import Receive, RequestInfo, Scope, Send, header, request_id_from, send_error
 from gateway.config import CorsConfig
 from gateway.errors import GatewayError
+from gateway.evidence_api import evidence_collection, evidence_item
 from gateway.loader import Loaded
 from gateway.pipeline import InferenceEndpoint
-from gateway.routes import evidence_item, evidence_upload, livez, metrics, models, readyz
-from gateway.runtime import Runtime, build_runtime, close_runtime
+from gateway.routes import livez, metrics, models, readyz
+from gateway.runtime import Runtime, build_runtime, close_runtime, start_background
 
 access_log = logging.getLogger("gateway.access")
 
@@ -196,7 +197,7 @@ def create_app(loaded: Loaded) -> GatewayApp:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         runtime = await build_runtime(loaded)
         app.state.runtime = runtime
-        runtime.readiness.start()
+        await start_background(runtime)
         await runtime.readiness.wait_first_poll(config.upstream.readiness_timeout_s + 0.5)
         try:
             yield
@@ -208,12 +209,14 @@ def create_app(loaded: Loaded) -> GatewayApp:
     routes = [
         *(Route(path, endpoint, methods=["POST"]) for path, endpoint in inference.items()),
         Route("/v1/models", _Raw(models), methods=["GET"]),
-        Route("/v1/evidence", _Raw(evidence_upload), methods=["POST"]),
+        Route("/v1/evidence", _Raw(evidence_collection), methods=["GET", "POST"]),
         Route("/v1/evidence/{evidence_id}", _Raw(evidence_item), methods=["GET", "DELETE"]),
         Route("/livez", _Raw(livez), methods=["GET"]),
         Route("/readyz", _Raw(readyz), methods=["GET"]),
-        Route(config.metrics.path, _Raw(metrics), methods=["GET"]),
     ]
+    if config.metrics.listen is None:
+        # Otherwise /metrics has its own listener (gateway/metrics_listener.py).
+        routes.append(Route(config.metrics.path, _Raw(metrics), methods=["GET"]))
     router = Starlette(
         routes=routes,
         lifespan=lifespan,

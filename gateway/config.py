@@ -234,6 +234,10 @@ class StagingConfig(Model):
     catalog: RelPath = Path("var/catalog.sqlite3")
     worker_media: Literal["data_url", "file_url"] = "data_url"
     worker_url_prefix: str | None = None
+    #: uploads read at once (each streams to a temp file); the next gets 429 queue_full
+    max_concurrent_uploads: PositiveInt = 4
+    #: how often records past a tenant's evidence.ttl_s are forgotten
+    expiry_sweep_s: PositiveFloat = 30
 
     @model_validator(mode="after")
     def _prefix_for_file_url(self) -> StagingConfig:
@@ -284,8 +288,15 @@ class AuditConfig(Model):
     keep: Annotated[int, Field(ge=0, le=1000)] = 10
 
 
+class MetricsListen(Model):
+    host: str = "0.0.0.0"
+    port: Annotated[int, Field(ge=0, le=65535)] = 9464
+
+
 class MetricsConfig(Model):
     path: Annotated[str, Field(pattern=r"^/[A-Za-z0-9/_-]*$")] = "/metrics"
+    #: serve metrics on this plain-HTTP listener instead of the main one (spec §13)
+    listen: MetricsListen | None = None
 
 
 class LoggingConfig(Model):

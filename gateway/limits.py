@@ -9,6 +9,7 @@ never buffered whole.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -24,6 +25,43 @@ class ClientDisconnected(Exception):
 async def read_body(scope: dict[str, Any], receive: Receive, limit: int, timeout_s: float) -> bytes:
     """The whole body, or a refusal; it must arrive within ``timeout_s`` (a caller
     trickling a body holds a task and a buffer, so not for long)."""
+    return b"".join([piece async for piece in body_pieces(scope, receive, limit, timeout_s)])
+
+
+async def body_pieces(
+    scope: dict[str, Any], receive: Receive, limit: int, timeout_s: float
+) -> AsyncIterator[bytes]:
+    """The body as it arrives (uploads go to disk piece by piece), under the same
+    framing, size and time rules as :func:`read_body`."""
+    check_framing(scope, limit)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    size = 0
+    while True:
+        try:
+            async with asyncio.timeout_at(deadline):
+                message = await receive()
+        except TimeoutError as exc:
+            # The rest of the body may still be in flight: this connection is done.
+            raise GatewayError("request_timeout", headers={"connection": "close"}) from exc
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected
+        chunk: bytes = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise GatewayError("body_too_large")
+            yield chunk
+        if not message.get("more_body", False):
+            return
+
+
+def declared_length(scope: dict[str, Any]) -> int | None:
+    lengths = header(scope, b"content-length")
+    return int(lengths[0]) if len(lengths) == 1 and lengths[0].isdigit() else None
+
+
+def check_framing(scope: dict[str, Any], limit: int) -> None:
     lengths = header(scope, b"content-length")
     codings = header(scope, b"transfer-encoding")
     if len(lengths) > 1 or (lengths and codings):
@@ -38,29 +76,6 @@ async def read_body(scope: dict[str, Any], receive: Receive, limit: int, timeout
             raise GatewayError("invalid_request", "Invalid Content-Length.")
         if int(lengths[0]) > limit:
             raise GatewayError("body_too_large")
-    try:
-        async with asyncio.timeout(timeout_s):
-            return await _read(receive, limit)
-    except TimeoutError as exc:
-        # The rest of the body may still be in flight: this connection is done.
-        raise GatewayError("request_timeout", headers={"connection": "close"}) from exc
-
-
-async def _read(receive: Receive, limit: int) -> bytes:
-    parts: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnected
-        chunk: bytes = message.get("body", b"")
-        if chunk:
-            size += len(chunk)
-            if size > limit:
-                raise GatewayError("body_too_large")
-            parts.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(parts)
 
 
 def json_depth_ok(value: Any, limit: int) -> bool:

@@ -28,6 +28,7 @@ from gateway.evidence.service import EvidenceService
 from gateway.launch import serve_identity as launch_identity
 from gateway.loader import ConfigError, Loaded, load_config, load_policies
 from gateway.metrics import GatewayMetrics
+from gateway.metrics_listener import MetricsListener
 from gateway.policy import PolicySet
 from gateway.ratelimit import LimitsStore, build_limits_store
 from gateway.receipts import ReceiptWriter
@@ -52,9 +53,13 @@ class Runtime:
     receipts: ReceiptWriter
     metrics: GatewayMetrics
     serve_identity: str | None
+    #: uploads being read (staging.max_concurrent_uploads)
+    uploads: asyncio.Semaphore
     keys_http: httpx.AsyncClient | None = None
     draining: bool = False
     inflight: set[Exchange] = field(default_factory=set)
+    background: list[asyncio.Task[None]] = field(default_factory=list)
+    metrics_listener: MetricsListener | None = None
 
     @property
     def config(self) -> GatewayConfig:
@@ -172,6 +177,7 @@ async def build_runtime(loaded: Loaded) -> Runtime:
         receipts=receipts,
         metrics=metrics,
         serve_identity=serve_identity,
+        uploads=asyncio.Semaphore(config.staging.max_concurrent_uploads),
         keys_http=keys_http,
     )
     for problem in await runtime.auth.prefetch():
@@ -179,7 +185,40 @@ async def build_runtime(loaded: Loaded) -> Runtime:
     return runtime
 
 
+async def start_background(runtime: Runtime) -> None:
+    listen = runtime.config.metrics.listen
+    if listen is not None:
+        runtime.metrics_listener = MetricsListener(
+            runtime.metrics.registry, listen.host, listen.port, runtime.config.metrics.path
+        )
+        await runtime.metrics_listener.start()
+    runtime.readiness.start()
+    runtime.background.append(asyncio.create_task(_sweep_expired(runtime), name="evidence-expiry"))
+
+
+async def _sweep_expired(runtime: Runtime) -> None:
+    """Forget records past their tenant's evidence.ttl_s (lookups already skip them)."""
+    interval = runtime.config.staging.expiry_sweep_s
+    while True:
+        await asyncio.sleep(interval)
+        for tenant in list(runtime.policies.tenants.values()):
+            if not tenant.policy.evidence.ttl_s:
+                continue
+            try:
+                forgotten = await anyio.to_thread.run_sync(runtime.evidence.expire, tenant)
+            except GatewayError as exc:
+                log.warning("evidence expiry for %s failed: %s", tenant.name, exc.code)
+                continue
+            if forgotten:
+                log.info("evidence expiry: %d records of %s forgotten", forgotten, tenant.name)
+
+
 async def close_runtime(runtime: Runtime) -> None:
+    for task in runtime.background:
+        task.cancel()
+    await asyncio.gather(*runtime.background, return_exceptions=True)
+    if runtime.metrics_listener is not None:
+        await runtime.metrics_listener.aclose()
     await runtime.readiness.aclose()
     await runtime.receipts.aclose(runtime.config.audit.flush_timeout_s)
     await runtime.ratelimit.aclose(_LIMITS_CLOSE_S)

@@ -4,7 +4,9 @@ Hundreds of streaming and non-streaming requests at high concurrency, with
 seeded random caller disconnects (mid-body before admission, while queued
 behind a small ``admission.capacity``, before the first token, mid-stream),
 worker faults, a worker outage (connection refused, then a restarted
-simulator on the same port) and evidence uploads raced by deletes.
+simulator on the same port), evidence uploads raced by deletes, refused past
+the tenant's record quota and expiring under a short ``ttl_s``, and an audit
+outage (the receipts' small filesystem filled, then freed) mid-round.
 
 Afterwards (spec §1.3, §1.4, §1.5): permits and leases are back to 0; every
 inference request id has exactly one receipt whose outcome matches what the
@@ -40,6 +42,7 @@ from gateway.testing.samples import SAMPLES
 from gateway.testing.simulator import Simulator
 from tests.support.poll import eventually
 from tests.support.stack import Stack, chat_body, running_stack, sse_data
+from tests.support.tmpfs import fill, free, small_fs
 
 LONG = os.environ.get("GATEWAY_SOAK", "").lower() == "long"
 SEED = int(os.environ.get("GATEWAY_SOAK_SEED", "20240807"))
@@ -60,6 +63,14 @@ UPSTREAM = {
 ACME = {
     "limits": {"max_output_tokens": 512, "requests_per_minute": 1_000_000},
     "admission": {"share": 1, "max_permits": CAPACITY, "queue_timeout_s": 30},
+    # Small on purpose: uploads meet the quota, records expire while in use.
+    "evidence": {"max_records": 6, "max_bytes": 1_000_000, "ttl_s": 2},
+}
+STAGING = {
+    "dir": "var/evidence",
+    "catalog": "var/catalog.sqlite3",
+    "max_concurrent_uploads": 4,
+    "expiry_sweep_s": 0.25,
 }
 
 # Worker faults sampled in the soak, and what the worker does for them.
@@ -96,7 +107,10 @@ OUTCOMES: dict[str | None, set[str]] = {
     "evidence_not_found": {"rejected"},
     "admission_timeout": {"rejected"},
     "queue_full": {"rejected"},
+    "audit_unavailable": {"rejected"},
 }
+#: upload refusals the soak provokes (the inference half of the race is then skipped)
+UPLOAD_REFUSALS = {"evidence_quota_exceeded", "queue_full", "audit_unavailable"}
 KINDS = {
     "stream_ok": 26,
     "json_ok": 14,
@@ -131,6 +145,9 @@ class Soak:
     outages: list[tuple[float, float]] = field(default_factory=list)
     uploads: int = 0
     deletes: int = 0
+    upload_refusals: Counter[str] = field(default_factory=Counter)
+    audit_outages: list[tuple[float, float]] = field(default_factory=list)
+    audit_fs: Path | None = None
     max_queue: float = 0.0
     max_active: int = 0
     serial: int = 0
@@ -229,16 +246,24 @@ async def plain(soak: Soak, client: httpx.AsyncClient, kind: str) -> Outcome:
     return out
 
 
-async def evidence_race(soak: Soak, client: httpx.AsyncClient) -> Outcome:
-    """Upload, then use the record while a delete races the request."""
+async def evidence_race(soak: Soak, client: httpx.AsyncClient) -> Outcome | None:
+    """Upload, then use the record while a delete (and its TTL) race the request."""
     rng = soak.rng
     out = Outcome(soak.next_rid("evidence"), "evidence", time.monotonic())
     uploaded = await client.post(
         "/v1/evidence",
         content=PNG,
-        headers={"content-type": "image/png", "x-request-id": f"{out.rid}-upload"},
+        headers={
+            "content-type": "image/png",
+            "x-request-id": f"{out.rid}-upload",
+            "x-evidence-locator": f"soak/{out.rid}",
+        },
     )
-    assert uploaded.status_code == 201, uploaded.text
+    if uploaded.status_code != 201:
+        code = uploaded.json()["error"]["code"]
+        assert code in UPLOAD_REFUSALS, uploaded.text
+        soak.upload_refusals[code] += 1
+        return None
     soak.uploads += 1
     evidence_id = uploaded.json()["id"]
     stream = rng.random() < 0.5
@@ -251,7 +276,8 @@ async def evidence_race(soak: Soak, client: httpx.AsyncClient) -> Outcome:
     async def delete_later() -> None:
         await asyncio.sleep(rng.uniform(0, 0.03))
         deleted = await client.delete(f"/v1/evidence/{evidence_id}")
-        assert deleted.status_code == 204, deleted.text
+        # 404: its TTL forgot it first.
+        assert deleted.status_code in (204, 404), deleted.text
         soak.deletes += 1
 
     deleter = asyncio.create_task(delete_later())
@@ -262,6 +288,24 @@ async def evidence_race(soak: Soak, client: httpx.AsyncClient) -> Outcome:
     await deleter
     out.ended = time.monotonic()
     return out
+
+
+async def audit_outage(soak: Soak, at_s: float) -> None:
+    """Fill the receipts' filesystem, hold it full a moment, free it; wait for recovery."""
+    assert soak.audit_fs is not None
+    await asyncio.sleep(at_s)
+    runtime = soak.stack.runtime
+    started = time.monotonic()
+    await asyncio.to_thread(fill, soak.audit_fs)
+    try:
+        await asyncio.sleep(soak.rng.uniform(0.3, 0.6))
+    finally:
+        await asyncio.to_thread(free, soak.audit_fs)
+    deadline = time.monotonic() + 10
+    while not runtime.receipts.healthy and time.monotonic() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.02)  # the writer lives on the gateway's loop: poll, bounded
+    assert runtime.receipts.healthy, "receipts did not resume within 10 s"
+    soak.audit_outages.append((started, time.monotonic()))
 
 
 async def hang_up(soak: Soak, kind: str) -> Outcome:
@@ -351,7 +395,9 @@ async def sample_queue(soak: Soak, stop: asyncio.Event) -> None:
             await asyncio.wait_for(stop.wait(), 0.02)
 
 
-async def run_round(soak: Soak, count: int, *, with_outage: bool) -> list[Outcome]:
+async def run_round(
+    soak: Soak, count: int, *, with_outage: bool, with_audit_outage: bool = False
+) -> list[Outcome]:
     gate = asyncio.Semaphore(CONCURRENCY)
     kinds = soak.rng.choices(list(KINDS), weights=list(KINDS.values()), k=count)
     limits = httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY)
@@ -360,7 +406,7 @@ async def run_round(soak: Soak, count: int, *, with_outage: bool) -> list[Outcom
         base_url=soak.stack.url, headers=headers, limits=limits, timeout=30
     ) as client:
 
-        async def one(kind: str) -> Outcome:
+        async def one(kind: str) -> Outcome | None:
             async with gate:
                 if kind.startswith("disc_"):
                     return await hang_up(soak, kind)
@@ -371,12 +417,14 @@ async def run_round(soak: Soak, count: int, *, with_outage: bool) -> list[Outcom
         stop = asyncio.Event()
         sampler = asyncio.create_task(sample_queue(soak, stop))
         side = [asyncio.create_task(outage(soak, gate, 0.6))] if with_outage else []
+        if with_audit_outage:
+            side.append(asyncio.create_task(audit_outage(soak, 0.3)))
         async with asyncio.timeout(120):
             results = await asyncio.gather(*(one(k) for k in kinds))
             await asyncio.gather(*side)
         stop.set()
         await sampler
-    return list(results)
+    return [r for r in results if r is not None]
 
 
 # ------------------------------------------------------------------ checks
@@ -409,7 +457,7 @@ def check_receipts(soak: Soak, outcomes: list[Outcome]) -> tuple[Counter[str], i
         [receipt] = receipts[out.rid]  # exactly one
         outcome, code = receipt["outcome"], receipt["error_code"]
         tally[outcome] += 1
-        in_outage = overlaps(out, soak.outages)
+        in_outage = overlaps(out, soak.outages) or overlaps(out, soak.audit_outages)
         if out.disconnected:
             allowed = {"canceled"}
             if in_outage:  # the outage may have ended it first
@@ -472,20 +520,28 @@ def served_gc() -> Iterator[None]:
 
 def test_chaos_soak(tmp_path: Path, served_gc: None) -> None:
     started = time.monotonic()
-    with running_stack(
-        tmp_path,
-        acme=ACME,
-        upstream=UPSTREAM,
-        admission={"capacity": CAPACITY, "max_queue": 4 * CONCURRENCY},
-    ) as stack:
+    with (
+        small_fs(tmp_path / "audit", 16 * 1024) as audit_fs,
+        running_stack(
+            tmp_path,
+            acme=ACME,
+            upstream=UPSTREAM,
+            staging=STAGING,
+            audit={"path": str(audit_fs / "receipts.jsonl")},
+            admission={"capacity": CAPACITY, "max_queue": 4 * CONCURRENCY},
+        ) as stack,
+    ):
         first_sim = stack.sim
-        soak = Soak(stack, random.Random(SEED), stack.rs256())
+        soak = Soak(stack, random.Random(SEED), stack.rs256(), audit_fs=audit_fs)
         try:
             warm_up(soak)
             base = levels(stack)
             rss_after_round: list[float] = []
             for number in range(ROUNDS):
-                results = asyncio.run(run_round(soak, PER_ROUND, with_outage=number % 2 == 0))
+                run = run_round(
+                    soak, PER_ROUND, with_outage=number % 2 == 0, with_audit_outage=number == 1
+                )
+                results = asyncio.run(run)
                 soak.outcomes.extend(results)
                 check = settle(stack, base, fd_slack=6, task_slack=2)
                 rss_after_round.append(check.rss)
@@ -511,7 +567,8 @@ def test_chaos_soak(tmp_path: Path, served_gc: None) -> None:
         f"  disconnect rate {disconnects / total:.1%} {by_point}\n"
         f"  worker fault rate {kinds['fault'] / total:.1%}, outages {len(soak.outages)}, "
         f"caller-visible failures {len(failed)} (collateral: {collateral})\n"
-        f"  evidence uploads {soak.uploads}, deletes {soak.deletes}\n"
+        f"  evidence uploads {soak.uploads}, deletes {soak.deletes}, "
+        f"upload refusals {dict(soak.upload_refusals)}, audit outages {len(soak.audit_outages)}\n"
         f"  receipt outcomes {dict(tally)}\n"
         f"  permits {permits:.0f}, leases {leases:.0f}, staged files left {len(staged)}\n"
         f"  fds {base.own_fds}->{final.own_fds} "
@@ -530,3 +587,5 @@ def test_chaos_soak(tmp_path: Path, served_gc: None) -> None:
     assert collateral == 0, "one request's failure hurt another"
     assert soak.max_queue > 0, "requests did queue for admission"
     assert soak.outages and kinds["fault"] and disconnects
+    assert soak.audit_outages, "receipts failed mid-soak and came back"
+    assert soak.upload_refusals["evidence_quota_exceeded"], "uploads met the quota"

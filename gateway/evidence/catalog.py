@@ -18,7 +18,13 @@ Theory of operation:
   runs in WAL mode with ``synchronous=FULL`` so a committed record survives
   power loss; write transactions are ``BEGIN IMMEDIATE`` so another process
   waits on ``busy_timeout`` instead of failing mid-transaction.
-- SQLite and disk errors become ``GatewayError("storage_error")``.
+- Quotas (spec §13) are checked in the same write transaction as the insert,
+  so concurrent uploads cannot pass them together. Records older than their
+  tenant's ``ttl_s`` are invisible to every lookup (``not_before``) before the
+  expiry sweep forgets them.
+- SQLite and disk errors become ``GatewayError("storage_error")``; a full
+  volume is :class:`StorageFull` (a ``storage_error`` too), so a delete can
+  make room and retry (``EvidenceService.delete``).
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ CREATE TABLE IF NOT EXISTS records (
     created INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS records_sha256 ON records (sha256);
+CREATE INDEX IF NOT EXISTS records_tenant ON records (tenant, created);
 CREATE TABLE IF NOT EXISTS leases (
     request_id TEXT NOT NULL,
     evidence_id TEXT NOT NULL,
@@ -70,12 +77,28 @@ _INSERT_RECORD = (
 )
 _SELECT_RECORD = (
     "SELECT id, tenant, sha256, media_type, ext, bytes, locator_sha256, created "
-    "FROM records WHERE id = ? AND tenant = ?"
+    "FROM records WHERE id = ? AND tenant = ? AND created >= ?"
 )
 _DELETE_RECORD = (
     "DELETE FROM records WHERE id = ? AND tenant = ? "
     "RETURNING id, tenant, sha256, media_type, ext, bytes, locator_sha256, created"
 )
+_COLUMNS = "id, tenant, sha256, media_type, ext, bytes, locator_sha256, created"
+#: lookups of one tenant's live records (created at or after the TTL cutoff)
+_LIVE = "tenant = ? AND created >= ?"
+
+
+class StorageFull(GatewayError):
+    """The catalog's volume is full (SQLite could not grow its journal or file)."""
+
+    def __init__(self) -> None:
+        super().__init__("storage_error", "The evidence volume is full.")
+
+
+def _translate(exc: sqlite3.Error) -> GatewayError:
+    if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+        return StorageFull()
+    return GatewayError("storage_error")
 
 
 def new_evidence_id() -> str:
@@ -179,12 +202,15 @@ class Catalog:
             try:
                 yield self._conn
             except sqlite3.Error as exc:
-                raise GatewayError("storage_error") from exc
+                raise _translate(exc) from exc
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         with self._read() as conn:
-            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise _translate(exc) from exc
             try:
                 yield conn
                 conn.execute("COMMIT")
@@ -203,7 +229,11 @@ class Catalog:
         ext: str,
         size: int,
         locator_sha256: str | None,
+        quota: tuple[int, int] | None = None,
+        not_before: int = 0,
     ) -> EvidenceRecord:
+        """Insert a record; with ``quota`` = (max records, max bytes) of the
+        tenant's live records, refuse (403) in the same transaction if it would pass."""
         record = EvidenceRecord(
             id=new_evidence_id(),
             tenant=tenant,
@@ -215,6 +245,13 @@ class Catalog:
             created=int(self._clock()),
         )
         with self._write() as conn:
+            if quota is not None:
+                count, used = conn.execute(
+                    f"SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM records WHERE {_LIVE}",  # noqa: S608 - constant text
+                    (tenant, not_before),
+                ).fetchone()
+                if count + 1 > quota[0] or used + size > quota[1]:
+                    raise GatewayError("evidence_quota_exceeded")
             conn.execute(
                 _INSERT_RECORD,
                 (
@@ -230,11 +267,65 @@ class Catalog:
             )
         return record
 
-    def get(self, tenant: str, evidence_id: str) -> EvidenceRecord | None:
+    def find_same(
+        self, tenant: str, sha256: str, locator_sha256: str | None, not_before: int = 0
+    ) -> EvidenceRecord | None:
+        """The tenant's live record of these bytes under this locator, if any."""
+        with self._read() as conn:
+            row = conn.execute(
+                f"SELECT {_COLUMNS} FROM records WHERE {_LIVE} AND sha256 = ? "  # noqa: S608
+                "AND locator_sha256 IS ? ORDER BY created, rowid LIMIT 1",
+                (tenant, not_before, sha256, locator_sha256),
+            ).fetchone()
+        return None if row is None else _record(row)
+
+    def usage(self, tenant: str, not_before: int = 0) -> tuple[int, int]:
+        """(records, bytes) of the tenant's live records."""
+        with self._read() as conn:
+            count, used = conn.execute(
+                f"SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM records WHERE {_LIVE}",  # noqa: S608
+                (tenant, not_before),
+            ).fetchone()
+        return int(count), int(used)
+
+    def page(
+        self, tenant: str, limit: int, after: str | None = None, not_before: int = 0
+    ) -> tuple[list[EvidenceRecord], bool]:
+        """The tenant's live records newest first, ``limit`` of them after the
+        record ``after`` (404 if that is not one of them), and whether more follow."""
+        with self._read() as conn:
+            bound: tuple[Any, ...] = ()
+            where = _LIVE
+            if after is not None:
+                cursor = conn.execute(
+                    f"SELECT created, rowid FROM records WHERE {_LIVE} AND id = ?",  # noqa: S608
+                    (tenant, not_before, after),
+                ).fetchone()
+                if cursor is None:
+                    raise GatewayError("evidence_not_found", param="after")
+                where += " AND (created < ? OR (created = ? AND rowid < ?))"
+                bound = (cursor[0], cursor[0], cursor[1])
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM records WHERE {where} "  # noqa: S608
+                "ORDER BY created DESC, rowid DESC LIMIT ?",
+                (tenant, not_before, *bound, limit + 1),
+            ).fetchall()
+        return [_record(r) for r in rows[:limit]], len(rows) > limit
+
+    def expire(self, tenant: str, not_before: int) -> list[EvidenceRecord]:
+        """Forget the tenant's records created before ``not_before``; return them."""
+        with self._write() as conn:
+            rows = conn.execute(
+                f"DELETE FROM records WHERE tenant = ? AND created < ? RETURNING {_COLUMNS}",  # noqa: S608
+                (tenant, not_before),
+            ).fetchall()
+        return [_record(r) for r in rows]
+
+    def get(self, tenant: str, evidence_id: str, not_before: int = 0) -> EvidenceRecord | None:
         if not is_evidence_id(evidence_id):
             return None
         with self._read() as conn:
-            row = conn.execute(_SELECT_RECORD, (evidence_id, tenant)).fetchone()
+            row = conn.execute(_SELECT_RECORD, (evidence_id, tenant, not_before)).fetchone()
         return None if row is None else _record(row)
 
     def delete(self, tenant: str, evidence_id: str) -> EvidenceRecord | None:
@@ -244,7 +335,9 @@ class Catalog:
             rows = conn.execute(_DELETE_RECORD, (evidence_id, tenant)).fetchall()
         return _record(rows[0]) if rows else None
 
-    def take_leases(self, request_id: str, records: Sequence[EvidenceRecord]) -> None:
+    def take_leases(
+        self, request_id: str, records: Sequence[EvidenceRecord], not_before: int = 0
+    ) -> None:
         """Lease every record for ``request_id``, or none (404 if any is gone)."""
         now = int(self._clock())
         with self._write() as conn:
@@ -252,8 +345,9 @@ class Catalog:
                 # INSERT ... SELECT: the lease exists only if the record still does.
                 cursor = conn.execute(
                     "INSERT OR IGNORE INTO leases (request_id, evidence_id, sha256, ext, taken_at) "
-                    "SELECT ?, id, sha256, ext, ? FROM records WHERE id = ? AND tenant = ?",
-                    (request_id, now, record.id, record.tenant),
+                    "SELECT ?, id, sha256, ext, ? FROM records "
+                    "WHERE id = ? AND tenant = ? AND created >= ?",
+                    (request_id, now, record.id, record.tenant, not_before),
                 )
                 if cursor.rowcount == 0 and not _leased(conn, request_id, record.id):
                     raise GatewayError("evidence_not_found")

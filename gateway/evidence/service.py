@@ -2,12 +2,20 @@
 
 Theory of operation:
 
-- An upload is checked (locator, size, sniffed type against the declared
-  one, tenant modality) before anything touches the disk. The file is stored
-  first and the record added after the rename, both inside the store's lock:
-  a crash before the rename leaves no visible record and no final file; a
-  crash between rename and insert leaves an unreferenced file that
-  :meth:`EvidenceService.recover` removes at the next start.
+- An upload's bytes go to a temp file as they arrive (hashed on the way; its
+  first bytes kept for sniffing), so no upload sits in memory whole. It is
+  then checked (locator, size, sniffed type against the declared one, tenant
+  modality); the same bytes under the same locator answer with the tenant's
+  existing record; the tenant's quota (``evidence.max_records``,
+  ``max_bytes``) is checked before the file is kept and again in the insert's
+  transaction. The file is renamed into place first and the record added
+  after, both inside the store's lock: a crash before the rename leaves no
+  visible record and no final file; a crash between rename and insert leaves
+  an unreferenced file that :meth:`EvidenceService.recover` removes at the
+  next start.
+- Records older than the tenant's ``evidence.ttl_s`` are invisible at once and
+  forgotten by :meth:`EvidenceService.expire` (the runtime's sweep) exactly as
+  a delete forgets them: leased files stay until the lease ends.
 - A file is removed only under the store's lock and only when the catalog
   says no record or lease names its digest, so an upload of the same bytes
   racing a delete either re-creates the file or keeps it.
@@ -24,20 +32,26 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import logging
+import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gateway.config import StagingConfig
 from gateway.errors import GatewayError
-from gateway.evidence.catalog import Catalog, EvidenceRecord
+from gateway.evidence.catalog import Catalog, EvidenceRecord, StorageFull
 from gateway.evidence.sniff import match_content_type
-from gateway.evidence.store import EvidenceStore
+from gateway.evidence.store import EvidenceStore, TempUpload
 from gateway.policy import Tenant
 
 MAX_LOCATOR_CHARS = 1024
+#: room kept next to the catalog so a delete can journal on a full volume
+RESERVE_BYTES = 1 << 20
+RESERVE_SUFFIX = ".reserve"
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +77,14 @@ class EvidenceService:
         store: EvidenceStore,
         catalog: Catalog,
         on_leases_change: Callable[[int], None] | None = None,
+        *,
+        reserve: Path | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
         self._catalog = catalog
+        self._reserve = reserve
+        self._clock = clock
         # Only the serving process takes leases (recover() clears a crashed
         # run's), so they are counted here instead of asking SQLite each time:
         # request id -> leased records (distinct ids, as the catalog keeps them).
@@ -78,7 +97,9 @@ class EvidenceService:
         cls, staging: StagingConfig, on_leases_change: Callable[[int], None] | None = None
     ) -> EvidenceService:
         store = EvidenceStore(Path(staging.dir))
-        return cls(store, Catalog(Path(staging.catalog)), on_leases_change)
+        catalog_path = Path(staging.catalog)
+        reserve = catalog_path.with_name(catalog_path.name + RESERVE_SUFFIX)
+        return cls(store, Catalog(catalog_path), on_leases_change, reserve=reserve)
 
     @property
     def store(self) -> EvidenceStore:
@@ -92,7 +113,9 @@ class EvidenceService:
         self._catalog.close()
 
     def recover(self) -> None:
-        """Server start: drop a crashed run's temps and leases, and files nothing names."""
+        """Server start: drop a crashed run's temps and leases, and files nothing
+        names; make the catalog's reserve."""
+        self.keep_reserve()
         with self._store.exclusive():
             self._store.sweep_temp()
             self._catalog.clear_stale_leases()
@@ -100,27 +123,84 @@ class EvidenceService:
                 if not self._catalog.is_referenced(sha256):
                     self._store.remove(sha256, ext)
 
+    def begin_upload(self) -> TempUpload:
+        """Where an upload's bytes go while they arrive (``commit_upload`` or discard)."""
+        return self._store.begin_upload()
+
+    def commit_upload(
+        self,
+        tenant: Tenant,
+        upload: TempUpload,
+        content_type: str | None,
+        locator: str | None,
+        *,
+        dedupe: bool = True,
+        quota: bool = True,
+    ) -> tuple[EvidenceRecord, bool]:
+        """Check and store a finished upload; (record, True) when the tenant had
+        these bytes under this locator already (nothing new is stored).
+
+        The temp file is consumed either way. ``dedupe`` and ``quota`` are off
+        only for a request's own inline data, forgotten when the request ends."""
+        try:
+            locator_sha256 = locator_digest(locator)
+            if upload.size > tenant.limits.max_media_bytes:
+                raise GatewayError(
+                    "body_too_large", "The media file exceeds the tenant's size limit."
+                )
+            media = match_content_type(content_type, upload.head)
+            if not tenant.allows_modality(media.modality):
+                raise GatewayError(
+                    "modality_not_allowed", f"The {media.modality} modality is not allowed."
+                )
+            policy = tenant.policy.evidence
+            not_before = self._not_before(tenant)
+            with self._store.exclusive():
+                if dedupe:
+                    same = self._catalog.find_same(
+                        tenant.name, upload.sha256, locator_sha256, not_before
+                    )
+                    if same is not None:
+                        return same, True
+                limits = (policy.max_records, policy.max_bytes) if quota else None
+                if limits is not None:
+                    # Checked before the file is kept, and again with the insert.
+                    count, used = self._catalog.usage(tenant.name, not_before)
+                    if count + 1 > limits[0] or used + upload.size > limits[1]:
+                        raise GatewayError("evidence_quota_exceeded")
+                stored = self._store.adopt(upload, media)
+                try:
+                    record = self._catalog.add(
+                        tenant=tenant.name,
+                        sha256=stored.sha256,
+                        media_type=media.mime,
+                        ext=stored.ext,
+                        size=stored.bytes,
+                        locator_sha256=locator_sha256,
+                        quota=limits,
+                        not_before=not_before,
+                    )
+                except GatewayError:
+                    self._drop_file_if_unreferenced(stored.sha256, stored.ext)
+                    raise
+            self.keep_reserve()
+            return record, False
+        finally:
+            upload.discard()
+
     def upload(
         self, tenant: Tenant, data: bytes, content_type: str | None, locator: str | None
     ) -> EvidenceRecord:
-        locator_sha256 = locator_digest(locator)
+        """Stage bytes already in hand (``evidence add``) the way an HTTP upload is."""
         if len(data) > tenant.limits.max_media_bytes:
             raise GatewayError("body_too_large", "The media file exceeds the tenant's size limit.")
-        media = match_content_type(content_type, data)
-        if not tenant.allows_modality(media.modality):
-            raise GatewayError(
-                "modality_not_allowed", f"The {media.modality} modality is not allowed."
-            )
-        with self._store.exclusive():
-            stored = self._store.put(data, media)
-            return self._catalog.add(
-                tenant=tenant.name,
-                sha256=stored.sha256,
-                media_type=media.mime,
-                ext=stored.ext,
-                size=stored.bytes,
-                locator_sha256=locator_sha256,
-            )
+        upload = self.begin_upload()
+        try:
+            upload.write(data)
+        except BaseException:
+            upload.discard()
+            raise
+        return self.commit_upload(tenant, upload, content_type, locator)[0]
 
     def upload_inline(
         self, tenant: Tenant, payload: str, declared: str | None, kind: str
@@ -136,20 +216,86 @@ class EvidenceService:
             raise GatewayError(
                 "modality_not_allowed", f"A {kind} part refers to {media.modality} data."
             )
-        return self.upload(tenant, data, declared, None)
+        upload = self.begin_upload()
+        try:
+            upload.write(data)
+        except BaseException:
+            upload.discard()
+            raise
+        # Its own record: never the tenant's (which the request's end would delete).
+        return self.commit_upload(tenant, upload, declared, None, dedupe=False, quota=False)[0]
 
     def get(self, tenant: Tenant, evidence_id: str) -> EvidenceRecord:
-        record = self._catalog.get(tenant.name, evidence_id)
+        record = self._catalog.get(tenant.name, evidence_id, self._not_before(tenant))
         if record is None:
             raise GatewayError("evidence_not_found")
         return record
 
+    def usage(self, tenant: Tenant) -> tuple[int, int]:
+        """(records, bytes) of the tenant's live records."""
+        return self._catalog.usage(tenant.name, self._not_before(tenant))
+
+    def page(
+        self, tenant: Tenant, limit: int, after: str | None
+    ) -> tuple[list[EvidenceRecord], bool]:
+        return self._catalog.page(tenant.name, limit, after, self._not_before(tenant))
+
     def delete(self, tenant: Tenant, evidence_id: str) -> EvidenceRecord:
-        record = self._catalog.delete(tenant.name, evidence_id)
+        """Forget a record at once; its file goes once nothing else holds it.
+
+        Works on a full volume: SQLite needs room to journal even a delete, so
+        when it finds none the catalog's reserve file (:meth:`keep_reserve`) is
+        given up for it and made again later."""
+        try:
+            record = self._catalog.delete(tenant.name, evidence_id)
+        except StorageFull:
+            self._release_reserve()
+            record = self._catalog.delete(tenant.name, evidence_id)
         if record is None:
             raise GatewayError("evidence_not_found")
         self._drop_file_if_unreferenced(record.sha256, record.ext)
         return record
+
+    def expire(self, tenant: Tenant) -> int:
+        """Forget the tenant's records past its ``ttl_s``, as DELETE does; how many."""
+        not_before = self._not_before(tenant)
+        if not not_before:
+            return 0
+        try:
+            records = self._catalog.expire(tenant.name, not_before)
+        except StorageFull:
+            self._release_reserve()
+            records = self._catalog.expire(tenant.name, not_before)
+        for record in records:
+            self._drop_file_if_unreferenced(record.sha256, record.ext)
+        return len(records)
+
+    def keep_reserve(self) -> None:
+        """Keep :data:`RESERVE_BYTES` next to the catalog for deletes on a full
+        volume (best effort: a full volume at start just has none yet)."""
+        if self._reserve is None or self._reserve.exists():
+            return
+        try:
+            with self._reserve.open("xb") as handle:
+                handle.write(b"\0" * RESERVE_BYTES)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except FileExistsError:
+            return
+        except OSError:
+            with contextlib.suppress(OSError):
+                self._reserve.unlink()
+
+    def _release_reserve(self) -> None:
+        if self._reserve is not None:
+            with contextlib.suppress(OSError):
+                self._reserve.unlink()
+                logger.warning("evidence volume full: the catalog's reserve was used for a delete")
+
+    def _not_before(self, tenant: Tenant) -> int:
+        """Records created before this (unix seconds) are past the tenant's TTL."""
+        ttl = tenant.policy.evidence.ttl_s
+        return int(self._clock() - ttl) if ttl else 0
 
     def lease(
         self, request_id: str, tenant: Tenant, evidence_ids: Sequence[str]
@@ -168,7 +314,7 @@ class EvidenceService:
                 )
             records.append(record)
         if records:
-            self._catalog.take_leases(request_id, records)
+            self._catalog.take_leases(request_id, records, self._not_before(tenant))
             self._count_leases(request_id, len({r.id for r in records}))
         return records
 

@@ -53,6 +53,51 @@ class StoredFile:
     path: Path
 
 
+#: bytes of an upload's start kept for sniffing (the sniffer reads far fewer)
+HEAD_BYTES = 4096
+
+
+class TempUpload:
+    """An upload being written to a temp file in the store's directory, hashed
+    as it goes: the body never sits in memory whole."""
+
+    def __init__(self, fd: int, path: Path) -> None:
+        self.fd: int | None = fd
+        self.path = path
+        self.adopted = False
+        self.hasher = hashlib.sha256()
+        self.size = 0
+        self.head = b""
+
+    def write(self, data: bytes) -> None:
+        assert self.fd is not None
+        if len(self.head) < HEAD_BYTES:
+            self.head += data[: HEAD_BYTES - len(self.head)]
+        self.hasher.update(data)
+        self.size += len(data)
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self.fd, view) :]
+        except OSError as exc:
+            raise GatewayError("storage_error") from exc
+
+    @property
+    def sha256(self) -> str:
+        return self.hasher.hexdigest()
+
+    def discard(self) -> None:
+        """Drop the temp file unless it became a stored file (idempotent)."""
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        if not self.adopted:
+            self.adopted = True  # nothing left to drop next time
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+
+
 class EvidenceStore:
     """Files named by their SHA-256 in one directory; see the module docstring."""
 
@@ -102,6 +147,38 @@ class EvidenceStore:
         if not _SHA256.match(sha256) or ext not in EXTENSIONS:
             raise GatewayError("storage_error", "Invalid evidence file name.")
         return self._dir / f"{sha256}.{ext}"
+
+    def begin_upload(self) -> TempUpload:
+        """A temp file for an upload (call :meth:`adopt` or ``discard`` on it)."""
+        try:
+            fd, temp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=self._dir)
+        except OSError as exc:
+            raise GatewayError("storage_error") from exc
+        return TempUpload(fd, Path(temp))
+
+    def adopt(self, upload: TempUpload, media: MediaType) -> StoredFile:
+        """Make a finished upload ``<sha256>.<ext>`` (or drop it if an intact copy is there)."""
+        digest = upload.sha256
+        target = self.path_for(digest, media.ext)
+        stored = StoredFile(digest, media.ext, upload.size, target)
+        fd = upload.fd
+        assert fd is not None
+        with self.exclusive():
+            try:
+                if self._intact(target, digest):
+                    upload.discard()
+                    return stored
+                os.fchmod(fd, 0o444)
+                os.fsync(fd)
+                os.close(fd)
+                upload.fd = None
+                os.replace(upload.path, target)
+                upload.adopted = True
+                self._fsync_dir()
+            except OSError as exc:
+                upload.discard()
+                raise GatewayError("storage_error") from exc
+        return stored
 
     def put(self, data: bytes, media: MediaType) -> StoredFile:
         """Store ``data`` as ``<sha256>.<ext>`` unless an intact copy is already there."""
@@ -192,11 +269,14 @@ class EvidenceStore:
 
     @staticmethod
     def _intact(path: Path, digest: str) -> bool:
+        hasher = hashlib.sha256()
         try:
-            existing = path.read_bytes()
+            with path.open("rb") as handle:
+                while piece := handle.read(1 << 20):
+                    hasher.update(piece)
         except FileNotFoundError:
             return False
-        return hashlib.sha256(existing).hexdigest() == digest
+        return hasher.hexdigest() == digest
 
     def _write_new(self, target: Path, data: bytes) -> None:
         fd, temp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=self._dir)

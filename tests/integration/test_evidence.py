@@ -7,7 +7,6 @@ on 127.0.0.1; what the worker received is read back from the simulator.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -19,99 +18,32 @@ import pytest
 
 from gateway import cli
 from gateway.testing.harness import SIM_ROUTE
-from gateway.testing.samples import SAMPLES, build_wav
-from gateway.testing.simulator import SimRequest
+from gateway.testing.samples import build_wav
 from tests.support import rawhttp
+from tests.support.evidence import (
+    BASE_LIMITS,
+    LEASES,
+    MP4,
+    PNG,
+    RECORD_KEYS,
+    UNKNOWN_ID,
+    WAV,
+    chat,
+    decoded,
+    error_code,
+    files_in,
+    media_part,
+    multimodal,
+    no_leases,
+    sha,
+    staged,
+    upload,
+    url_of,
+    worker_parts,
+)
 from tests.support.poll import eventually
 from tests.support.stack import Stack, chat_body, running_stack, sse_data, worker_posts
 from tests.support.urls import CALLER_URLS
-
-PNG = SAMPLES["tiny.png"]()
-WAV = SAMPLES["tiny.wav"]()
-MP4 = SAMPLES["tiny.mp4"]()
-UNKNOWN_ID = "ev_" + "a" * 26
-LEASES = "gateway_evidence_leases_active"
-RECORD_KEYS = {"id", "object", "sha256", "media_type", "bytes", "created", "locator_sha256"}
-
-
-BASE_LIMITS = {"max_output_tokens": 512, "requests_per_minute": 6000}
-
-
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def upload(
-    stack: Stack,
-    data: bytes,
-    content_type: str,
-    *,
-    tenant: str = "acme",
-    locator: str | None = None,
-) -> httpx.Response:
-    headers = stack.headers(stack.rs256(tenant=tenant), **{"content-type": content_type})
-    if locator is not None:
-        headers["x-evidence-locator"] = locator
-    return httpx.post(f"{stack.url}/v1/evidence", content=data, headers=headers)
-
-
-def staged(stack: Stack, data: bytes, content_type: str, **kwargs: Any) -> dict[str, Any]:
-    response = upload(stack, data, content_type, **kwargs)
-    assert response.status_code == 201, response.text
-    record: dict[str, Any] = response.json()
-    return record
-
-
-def media_part(kind: str, url: str) -> dict[str, Any]:
-    key = f"{kind}_url"
-    return {"type": key, key: {"url": url}}
-
-
-def multimodal(*parts: dict[str, Any], text: str = "describe", stream: bool = True) -> Any:
-    content = [*parts, {"type": "text", "text": text}]
-    return chat_body(stream=stream, messages=[{"role": "user", "content": content}])
-
-
-def chat(stack: Stack, body: Any, tenant: str = "acme") -> httpx.Response:
-    return httpx.post(
-        f"{stack.url}/v1/chat/completions",
-        json=body,
-        headers=stack.headers(stack.rs256(tenant=tenant)),
-        timeout=10,
-    )
-
-
-def worker_parts(request: SimRequest) -> list[dict[str, Any]]:
-    assert isinstance(request.json, dict)
-    messages: list[dict[str, Any]] = request.json["messages"]
-    parts: list[dict[str, Any]] = messages[-1]["content"]
-    return parts
-
-
-def url_of(part: dict[str, Any]) -> str:
-    url: str = part[part["type"]]["url"]
-    return url
-
-
-def decoded(url: str) -> tuple[str, bytes]:
-    head, _, payload = url.partition(",")
-    assert head.startswith("data:") and head.endswith(";base64")
-    return head[5:-7], base64.b64decode(payload, validate=True)
-
-
-def files_in(stack: Stack) -> set[str]:
-    directory = Path(stack.runtime.config.staging.dir)
-    return {p.name for p in directory.iterdir() if not p.name.startswith(".")}
-
-
-def no_leases(stack: Stack) -> bool:
-    return eventually(lambda: stack.metric(LEASES) == 0)
-
-
-def error_code(response: httpx.Response) -> str:
-    code: str = response.json()["error"]["code"]
-    return code
-
 
 # ------------------------------------------------------------------- uploads
 
@@ -249,20 +181,26 @@ def test_non_ascii_locator_digest_matches_the_cli(
     assert error_code(refused) == "invalid_request"
 
 
-def test_concurrent_uploads_of_the_same_bytes_store_one_file(stack: Stack) -> None:
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        responses = list(pool.map(lambda _: upload(stack, MP4, "video/mp4"), range(8)))
-    assert [r.status_code for r in responses] == [201] * 8
-    records = [r.json() for r in responses]
-    assert len({r["id"] for r in records}) == 8
-    assert {r["sha256"] for r in records} == {sha(MP4)}
-    assert files_in(stack) == {f"{sha(MP4)}.mp4"}
-    with stack.client(stack.rs256()) as client:
-        for record in records[:-1]:
-            assert client.delete(f"/v1/evidence/{record['id']}").status_code == 204
+def test_concurrent_uploads_of_the_same_bytes_store_one_file(tmp_path: Path) -> None:
+    staging = {"dir": "var/evidence", "catalog": "var/catalog.sqlite3", "max_concurrent_uploads": 8}
+    with running_stack(tmp_path, staging=staging) as stack:
+
+        def one(n: int) -> httpx.Response:
+            return upload(stack, MP4, "video/mp4", locator=f"camera/{n}")
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            responses = list(pool.map(one, range(8)))
+        assert [r.status_code for r in responses] == [201] * 8
+        records = [r.json() for r in responses]
+        assert len({r["id"] for r in records}) == 8
+        assert {r["sha256"] for r in records} == {sha(MP4)}
         assert files_in(stack) == {f"{sha(MP4)}.mp4"}
-        assert client.delete(f"/v1/evidence/{records[-1]['id']}").status_code == 204
-    assert files_in(stack) == set()
+        with stack.client(stack.rs256()) as client:
+            for record in records[:-1]:
+                assert client.delete(f"/v1/evidence/{record['id']}").status_code == 204
+            assert files_in(stack) == {f"{sha(MP4)}.mp4"}
+            assert client.delete(f"/v1/evidence/{records[-1]['id']}").status_code == 204
+        assert files_in(stack) == set()
 
 
 # ---------------------------------------------------------------- isolation
@@ -560,14 +498,14 @@ def test_disconnect_while_media_resolves_still_gives_everything_back(tmp_path: P
     with running_stack(tmp_path, acme=acme) as stack:
         runtime = stack.runtime
         entered, release = threading.Event(), threading.Event()
-        original = runtime.evidence.upload
+        original = runtime.evidence.upload_inline
 
         def held_upload(*args: Any, **kwargs: Any) -> Any:
             entered.set()
             release.wait(5)
             return original(*args, **kwargs)
 
-        runtime.evidence.upload = held_upload
+        runtime.evidence.upload_inline = held_upload
         inline = "data:image/png;base64," + base64.b64encode(PNG).decode()
         body = json.dumps(multimodal(media_part("image", inline))).encode()
         sock = rawhttp.connect(int(stack.url.rsplit(":", 1)[1]))
