@@ -290,6 +290,31 @@ async def evidence_race(soak: Soak, client: httpx.AsyncClient) -> Outcome | None
     return out
 
 
+async def quota_probe(soak: Soak, client: httpx.AsyncClient) -> None:
+    """Upload distinct records until the tenant's quota refuses one, then delete them."""
+    made: list[str] = []
+    try:
+        for n in range(40):
+            uploaded = await client.post(
+                "/v1/evidence",
+                content=PNG,
+                headers={"content-type": "image/png", "x-evidence-locator": f"quota/{n}"},
+            )
+            if uploaded.status_code == 201:
+                made.append(uploaded.json()["id"])
+                continue
+            code = uploaded.json()["error"]["code"]
+            assert code in UPLOAD_REFUSALS, uploaded.text
+            soak.upload_refusals[code] += 1
+            if code == "evidence_quota_exceeded":
+                return
+        raise AssertionError("the record quota never refused an upload")
+    finally:
+        for evidence_id in made:
+            deleted = await client.delete(f"/v1/evidence/{evidence_id}")
+            assert deleted.status_code in (204, 404), deleted.text
+
+
 async def audit_outage(soak: Soak, at_s: float) -> None:
     """Fill the receipts' filesystem, hold it full a moment, free it; wait for recovery."""
     assert soak.audit_fs is not None
@@ -419,6 +444,8 @@ async def run_round(
         side = [asyncio.create_task(outage(soak, gate, 0.6))] if with_outage else []
         if with_audit_outage:
             side.append(asyncio.create_task(audit_outage(soak, 0.3)))
+        else:
+            side.append(asyncio.create_task(quota_probe(soak, client)))
         async with asyncio.timeout(120):
             results = await asyncio.gather(*(one(k) for k in kinds))
             await asyncio.gather(*side)
