@@ -51,3 +51,20 @@ def test_quick_bench_reports_every_scenario_without_errors(tmp_path: Path) -> No
         "no errors, every stream [DONE]",
     }
     assert all(set(t) == {"target", "value", "limit", "met"} for t in targets)
+
+
+def test_quick_media_bench_runs_and_reports_each_scenario() -> None:
+    """``bench.bench_media --quick``: every scenario answered as designed (the
+    refusal 400, the admitted ones 200, uploads 201 or 429); figures printed."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.bench_media", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=180,
+        check=False,
+    )
+    out = done.stdout.decode(errors="replace")
+    for name in ("refused", "one_admitted", "concurrent", "uploads"):
+        assert f"\n{name}" in out, out
+    assert "[400] x1" in out and "[200] x8" in out, out
+    assert "Traceback" not in done.stderr.decode(errors="replace")
