@@ -209,6 +209,7 @@ def create_app(loaded: Loaded) -> GatewayApp:
     routes = [
         *(Route(path, endpoint, methods=["POST"]) for path, endpoint in inference.items()),
         Route("/v1/models", _Raw(models), methods=["GET"]),
+        Route("/v1/models/{alias:path}", _Raw(models), methods=["GET"]),
         Route("/v1/evidence", _Raw(evidence_collection), methods=["GET", "POST"]),
         Route("/v1/evidence/{evidence_id}", _Raw(evidence_item), methods=["GET", "DELETE"]),
         Route("/livez", _Raw(livez), methods=["GET"]),

@@ -40,21 +40,36 @@ async def tenant_for(scope: Scope, rt: Runtime, endpoint: str) -> Tenant:
 
 
 async def models(scope: Scope, receive: Receive, send: Send) -> None:
+    """``GET /v1/models`` and ``GET /v1/models/{alias}`` (spec §5, §14): the
+    tenant's aliases; another tenant's alias is like an unknown one."""
     rt = runtime_of(scope)
     info = info_of(scope)
     info.endpoint = "models"
     try:
         tenant = await tenant_for(scope, rt, "models")
+        alias = scope.get("path_params", {}).get("alias")
+        if alias is not None and alias not in tenant.policy.models:
+            raise GatewayError("model_not_found", param="model")
     except GatewayError as exc:
         await send_error(send, exc, info)
         return
     status = rt.readiness.status or "unavailable"
-    created = int(info.started)
-    data = [
-        {"id": alias, "object": "model", "created": created, "owned_by": "local", "status": status}
-        for alias in sorted(tenant.policy.models)
-    ]
-    await send_json(send, 200, {"object": "list", "data": data})
+    # The worker's creation time; the gateway's start until the worker is seen.
+    created = rt.readiness.created or rt.started_unix
+    entries = {
+        name: {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "local",
+            "status": status,
+        }
+        for name in sorted(tenant.policy.models)
+    }
+    if alias is not None:
+        await send_json(send, 200, entries[alias])
+        return
+    await send_json(send, 200, {"object": "list", "data": list(entries.values())})
 
 
 async def livez(scope: Scope, receive: Receive, send: Send) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 
 import anyio
@@ -60,6 +61,8 @@ class Runtime:
     inflight: set[Exchange] = field(default_factory=set)
     background: list[asyncio.Task[None]] = field(default_factory=list)
     metrics_listener: MetricsListener | None = None
+    #: unix seconds of the runtime's start (``created`` before the worker reports one)
+    started_unix: int = field(default_factory=lambda: int(time.time()))
 
     @property
     def config(self) -> GatewayConfig:

@@ -234,10 +234,14 @@ def _check_head(conn: WireConnection, request_id: str, accept: Accept) -> None:
 
 def models_status(listing: Any, route: str) -> str | None:
     """The route's status when it appears exactly once, else None (readiness, /v1/models)."""
+    entry = route_entry(listing, route)
+    status = None if entry is None else entry.get("status")
+    return status if isinstance(status, str) else None
+
+
+def route_entry(listing: Any, route: str) -> dict[str, Any] | None:
+    """The route's one entry in a ``/v1/models`` listing (None if absent or listed twice)."""
     if not isinstance(listing, dict) or not isinstance(listing.get("data"), list):
         return None
     entries = [e for e in listing["data"] if isinstance(e, dict) and e.get("id") == route]
-    if len(entries) != 1:
-        return None
-    status = entries[0].get("status")
-    return status if isinstance(status, str) else None
+    return entries[0] if len(entries) == 1 else None

@@ -13,7 +13,7 @@ import contextlib
 import logging
 
 from gateway.metrics import GatewayMetrics
-from gateway.upstream.client import Upstream, models_status
+from gateway.upstream.client import Upstream, models_status, route_entry
 
 log = logging.getLogger("gateway.readiness")
 
@@ -24,6 +24,8 @@ class Readiness:
         self._metrics = metrics
         self.ready = False
         self.status: str | None = None
+        #: the worker's ``created`` (unix seconds) for the route, once seen
+        self.created: int | None = None
         self._task: asyncio.Task[None] | None = None
         self._polled = asyncio.Event()
 
@@ -33,6 +35,10 @@ class Readiness:
             async with asyncio.timeout(config.readiness_timeout_s):
                 listing = await self._upstream.get_models(config.readiness_timeout_s)
             status = models_status(listing, config.route)
+            entry = route_entry(listing, config.route)
+            created = None if entry is None else entry.get("created")
+            if type(created) is int:
+                self.created = created
         except Exception as exc:  # any failure means "not ready", never a crash
             log.debug("readiness poll failed: %s", type(exc).__name__)
             status = None
