@@ -27,6 +27,7 @@ from gateway.errors import GatewayError
 from gateway.evidence_api import evidence_collection, evidence_item
 from gateway.loader import Loaded
 from gateway.pipeline import InferenceEndpoint
+from gateway.responses_api import response_item
 from gateway.routes import livez, metrics, models, readyz
 from gateway.runtime import Runtime, build_runtime, close_runtime, start_background
 
@@ -212,6 +213,7 @@ def create_app(loaded: Loaded) -> GatewayApp:
         Route("/v1/models/{alias:path}", _Raw(models), methods=["GET"]),
         Route("/v1/evidence", _Raw(evidence_collection), methods=["GET", "POST"]),
         Route("/v1/evidence/{evidence_id}", _Raw(evidence_item), methods=["GET", "DELETE"]),
+        Route("/v1/responses/{response_id}", _Raw(response_item), methods=["GET", "DELETE"]),
         Route("/livez", _Raw(livez), methods=["GET"]),
         Route("/readyz", _Raw(readyz), methods=["GET"]),
     ]

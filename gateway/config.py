@@ -259,6 +259,8 @@ class LimitsConfig(Model):
     max_media_bytes: PositiveInt = 36_700_160
     max_output_tokens: PositiveInt = 4096
     max_json_depth: PositiveInt = 32
+    #: inputs in one embeddings request (spec §14)
+    max_embedding_inputs: PositiveInt = 256
 
 
 _ORIGIN = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
@@ -297,6 +299,11 @@ class MetricsConfig(Model):
     path: Annotated[str, Field(pattern=r"^/[A-Za-z0-9/_-]*$")] = "/metrics"
     #: serve metrics on this plain-HTTP listener instead of the main one (spec §13)
     listen: MetricsListen | None = None
+
+
+class ResponsesConfig(Model):
+    #: how long a relayed Responses id stays the tenant's (previous_response_id, GET, DELETE)
+    ttl_s: PositiveInt = 86_400
 
 
 class LoggingConfig(Model):
@@ -344,6 +351,7 @@ class GatewayConfig(Model):
     cors: CorsConfig = CorsConfig()
     audit: AuditConfig = AuditConfig()
     metrics: MetricsConfig = MetricsConfig()
+    responses: ResponsesConfig = ResponsesConfig()
     logging: LoggingConfig = LoggingConfig()
     limits_store: LimitsStoreConfig = LimitsStoreConfig()
 

@@ -102,6 +102,8 @@ class _Call:
     relay: Relay | None = None
     producer: BodyProducer | None = None
     usage: Usage | None = None
+    #: a Responses id the caller was shown: recorded as the tenant's
+    relayed_response: str | None = None
 
     def fail(self, exc: GatewayError) -> None:
         self.facts.error_code, self.facts.error_outcome = exc.code, exc.outcome
@@ -198,6 +200,8 @@ class InferenceEndpoint:
         config = rt.config
         route = tenant.policy.models[plan.alias]
         forward = self.api.forward(plan, route)
+        if plan.previous_response_id is not None:
+            await self._own_response(call, plan.previous_response_id)
         await self._media_records(call, plan)
         body = self._layout(forward, plan, call.resolved, config.staging)
         check_size(body.size, config.upstream.max_request_bytes)
@@ -233,6 +237,12 @@ class InferenceEndpoint:
             body = self._layout(forward, plan, call.resolved, config.staging)
             check_size(body.size, config.upstream.max_request_bytes)
         await self._relay(call, plan, body, rate_headers)
+
+    async def _own_response(self, call: _Call, response_id: str) -> None:
+        """Forward a previous_response_id only if it is one of the tenant's own."""
+        catalog, tenant = call.rt.evidence.catalog, call.tenant.name
+        if await anyio.to_thread.run_sync(catalog.response_alias, tenant, response_id) is None:
+            raise GatewayError("response_not_found", param="previous_response_id")
 
     async def _media_records(self, call: _Call, plan: Plan) -> None:
         """Look up and lease the plan's evidence (catalog only; no file is read)."""
@@ -379,8 +389,8 @@ class InferenceEndpoint:
             self._settle(call)
         finally:
             try:
-                if call.leased or call.staged:
-                    await anyio.to_thread.run_sync(_release_evidence, call)
+                if call.leased or call.staged or call.relayed_response is not None:
+                    await anyio.to_thread.run_sync(_after, call)
             finally:
                 call.rt.inflight.discard(call.exchange)
                 call.exchange.done.set()
@@ -417,6 +427,8 @@ class InferenceEndpoint:
             receipt.stream_sha256 = relay.stream_sha256
             receipt.finish_reason = report.finish_reason
             receipt.nul_replaced = report.nul_replaced
+            if report.response_id is not None and (relay.state.headers_sent or facts.finished):
+                call.relayed_response = report.response_id
             receipt.usage = call.usage or self._usage(call)
             if relay.state.first_content_at is not None:
                 ttft = relay.state.first_content_at - info.started
@@ -460,10 +472,21 @@ def _record_artifacts(
     receipt.locator_sha256 = [r.locator_sha256 for r in records]
 
 
-def _release_evidence(call: _Call) -> None:
+def _after(call: _Call) -> None:
+    """The request's catalog work after it ended (in a thread): leases back,
+    its inline data forgotten, a relayed response id recorded for the tenant."""
     evidence = call.rt.evidence
-    evidence.release(call.lease_key)
-    for evidence_id in call.staged:
-        # Inline data was staged only for this request; its file goes with the record.
-        with contextlib.suppress(GatewayError):
-            evidence.delete(call.tenant, evidence_id)
+    try:
+        if call.leased:
+            evidence.release(call.lease_key)
+        for evidence_id in call.staged:
+            # Inline data was staged only for this request; its file goes with the record.
+            with contextlib.suppress(GatewayError):
+                evidence.delete(call.tenant, evidence_id)
+    finally:
+        if call.relayed_response is not None and call.plan is not None:
+            ttl = call.rt.config.responses.ttl_s
+            with contextlib.suppress(GatewayError):
+                evidence.catalog.record_response(
+                    call.tenant.name, call.relayed_response, call.plan.alias, ttl
+                )

@@ -36,6 +36,7 @@ class PolicyLimits(Model):
     max_media_bytes: PositiveInt | None = None
     max_output_tokens: PositiveInt | None = None
     max_json_depth: PositiveInt | None = None
+    max_embedding_inputs: PositiveInt | None = None
     requests_per_minute: PositiveInt | None = None
     tokens_per_minute: PositiveInt | None = None
     tokens_per_day: PositiveInt | None = None  # UTC day (spec §15)
@@ -98,6 +99,7 @@ class EffectiveLimits:
     max_media_bytes: int
     max_output_tokens: int
     max_json_depth: int
+    max_embedding_inputs: int
     requests_per_minute: int | None
     tokens_per_minute: int | None
     tokens_per_day: int | None = None
@@ -137,6 +139,7 @@ _CEILINGS = (
     "max_media_bytes",
     "max_output_tokens",
     "max_json_depth",
+    "max_embedding_inputs",
 )
 
 

@@ -27,7 +27,7 @@ from gateway.runtime import Runtime
 
 #: the scope each small endpoint needs (spec §4 "Scopes"); inference
 #: descriptors carry their own (gateway/apis)
-_SCOPES = {"models": "inference", "evidence": "evidence"}
+_SCOPES = {"models": "inference", "evidence": "evidence", "responses": "inference"}
 
 
 async def tenant_for(scope: Scope, rt: Runtime, endpoint: str) -> Tenant:

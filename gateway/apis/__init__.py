@@ -10,7 +10,9 @@ same way.
 from gateway.apis.base import Api
 from gateway.apis.chat import ChatApi
 from gateway.apis.completions import CompletionsApi
+from gateway.apis.embeddings import EmbeddingsApi
+from gateway.apis.responses import ResponsesApi
 
-APIS: tuple[Api, ...] = (ChatApi(), CompletionsApi())
+APIS: tuple[Api, ...] = (ChatApi(), CompletionsApi(), ResponsesApi(), EmbeddingsApi())
 
 __all__ = ["APIS", "Api"]

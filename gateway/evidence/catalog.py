@@ -18,6 +18,11 @@ Theory of operation:
   runs in WAL mode with ``synchronous=FULL`` so a committed record survives
   power loss; write transactions are ``BEGIN IMMEDIATE`` so another process
   waits on ``busy_timeout`` instead of failing mid-transaction.
+- Response ids (spec §14): every Responses id the gateway relayed is kept for
+  its tenant (with the alias it was asked for) until it expires, so that
+  ``previous_response_id``, ``GET`` and ``DELETE`` reach the worker only for
+  the caller's own ids; another tenant's id is indistinguishable from an
+  unknown one.
 - Quotas (spec §13) are checked in the same write transaction as the insert,
   so concurrent uploads cannot pass them together. Records older than their
   tenant's ``ttl_s`` are invisible to every lookup (``not_before``) before the
@@ -68,6 +73,13 @@ CREATE TABLE IF NOT EXISTS leases (
     PRIMARY KEY (request_id, evidence_id)
 );
 CREATE INDEX IF NOT EXISTS leases_sha256 ON leases (sha256);
+CREATE TABLE IF NOT EXISTS responses (
+    tenant TEXT NOT NULL,
+    id TEXT NOT NULL,
+    alias TEXT NOT NULL,
+    expires INTEGER NOT NULL,
+    PRIMARY KEY (tenant, id)
+);
 """
 
 # Statements are literal text: values go only through placeholders.
@@ -373,6 +385,32 @@ class Catalog:
         with self._read() as conn:
             row = conn.execute("SELECT COUNT(*) FROM leases").fetchone()
         return int(row[0])
+
+    def record_response(self, tenant: str, response_id: str, alias: str, ttl_s: int) -> None:
+        expires = int(self._clock()) + ttl_s
+        with self._write() as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO responses (tenant, id, alias, expires) VALUES (?, ?, ?, ?)",
+                (tenant, response_id, alias, expires),
+            )
+
+    def response_alias(self, tenant: str, response_id: str) -> str | None:
+        """The alias the tenant's live response id was asked for; None if not its own."""
+        with self._read() as conn:
+            row = conn.execute(
+                "SELECT alias FROM responses WHERE tenant = ? AND id = ? AND expires > ?",
+                (tenant, response_id, int(self._clock())),
+            ).fetchone()
+        return None if row is None else str(row[0])
+
+    def forget_response(self, tenant: str, response_id: str) -> None:
+        with self._write() as conn:
+            conn.execute("DELETE FROM responses WHERE tenant = ? AND id = ?", (tenant, response_id))
+
+    def expire_responses(self) -> int:
+        with self._write() as conn:
+            cursor = conn.execute("DELETE FROM responses WHERE expires <= ?", (int(self._clock()),))
+        return cursor.rowcount
 
     def clear_stale_leases(self) -> int:
         """Drop every lease (a crashed server's); call only at server start."""

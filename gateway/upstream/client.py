@@ -206,6 +206,35 @@ class Upstream:
             raise ValueError("models listing too large")
         return orjson.loads(response.content)
 
+    async def request_json(
+        self, method: str, path: str, request_id: str, timeout_s: float
+    ) -> tuple[int, Any]:
+        """A small JSON exchange (``GET``/``DELETE /v1/responses/{id}``): the status
+        and the parsed body (None when it is not JSON), bounded in size and time;
+        failures to reach the worker are ``upstream_unavailable``/``upstream_timeout``."""
+        try:
+            response = await self._client.request(
+                method,
+                path,
+                headers={
+                    "accept": "application/json",
+                    "accept-encoding": "identity",
+                    "x-request-id": request_id,
+                },
+                timeout=timeout_s,
+            )
+        except httpx.TimeoutException as exc:
+            raise GatewayError("upstream_timeout") from exc
+        except httpx.HTTPError as exc:
+            raise GatewayError("upstream_unavailable", outcome="upstream_error") from exc
+        if len(response.content) > self.config.max_line_bytes:
+            raise GatewayError("upstream_protocol_error")
+        try:
+            body = orjson.loads(response.content) if response.content else None
+        except orjson.JSONDecodeError:
+            body = None
+        return response.status_code, body
+
 
 async def _once(body: bytes) -> AsyncIterator[bytes]:
     yield body

@@ -47,3 +47,89 @@ def usage(completion: int = 2, prompt: int = 3, **extra: Any) -> dict[str, Any]:
 
 def event(obj: Any) -> bytes:
     return b"data: " + (obj if isinstance(obj, bytes) else dumps(obj)) + b"\n\n"
+
+
+# -- the Responses named-event dialect (findings: mistral.rs responses.rs) -----
+
+RESPONSE_ID = "resp_3b1f0c7a-9d2e-4a51-8f6b-1c2d3e4f5a6b"
+
+
+def response_object(status: str = "in_progress", **extra: Any) -> dict[str, Any]:
+    obj: dict[str, Any] = {
+        "id": RESPONSE_ID,
+        "object": "response",
+        "created_at": 1755870000,
+        "model": MODEL,
+        "status": status,
+        "output": [],
+    }
+    obj.update(extra)
+    return obj
+
+
+def named(name: str, obj: Any) -> bytes:
+    data = obj if isinstance(obj, bytes) else dumps(obj)
+    return b"event: " + name.encode() + b"\ndata: " + data + b"\n\n"
+
+
+def response_stream(
+    deltas: list[str],
+    *,
+    terminal: str = "response.completed",
+    usage: dict[str, Any] | None = None,
+    done: bool = True,
+) -> list[tuple[str, dict[str, Any]]]:
+    """The worker's events for one text answer, in its order, sequence-numbered."""
+    text = "".join(deltas)
+    message = {"type": "message", "id": "msg_1", "role": "assistant", "content": []}
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("response.created", {"response": response_object("queued")}),
+        ("response.in_progress", {"response": response_object()}),
+        (
+            "response.output_item.added",
+            {"output_index": 0, "item": {**message, "status": "in_progress"}},
+        ),
+        (
+            "response.content_part.added",
+            {"output_index": 0, "content_index": 0, "part": {"type": "output_text", "text": ""}},
+        ),
+        *(
+            ("response.output_text.delta", {"output_index": 0, "content_index": 0, "delta": d})
+            for d in deltas
+        ),
+        (
+            "response.content_part.done",
+            {"output_index": 0, "content_index": 0, "part": {"type": "output_text", "text": text}},
+        ),
+    ]
+    done_item = {
+        **message,
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text}],
+    }
+    events.append(("response.output_item.done", {"output_index": 0, "item": done_item}))
+    final = response_object(
+        {"response.completed": "completed", "response.incomplete": "incomplete"}.get(
+            terminal, "failed"
+        ),
+        completed_at=1755870001,
+        output=[done_item],
+        output_text=text,
+        usage=usage
+        if usage is not None
+        else {"input_tokens": 9, "output_tokens": len(deltas), "total_tokens": 9 + len(deltas)},
+    )
+    if terminal == "response.incomplete":
+        final["incomplete_details"] = {"reason": "max_output_tokens"}
+    if terminal == "response.failed":
+        final["error"] = {"type": "model_error", "message": "simulated"}
+    events.append((terminal, {"response": final}))
+    return [
+        (name, {"type": name, "sequence_number": n, **body})
+        for n, (name, body) in enumerate(events)
+    ]
+
+
+def response_bytes(events: list[tuple[str, dict[str, Any]]], *, done: bool = True) -> bytes:
+    out = b"".join(named(name, obj) for name, obj in events)
+    return out + (b"data: [DONE]\n\n" if done else b"")

@@ -1,0 +1,367 @@
+"""The Responses named-event dialect (spec §14; the worker's ``responses.rs``). Pure.
+
+Grammar (:class:`ResponsesGrammar`, over events framed by ``gateway/sse.py``;
+keep-alives may appear anywhere before ``[DONE]``)::
+
+    event: response.created -> output events* -> exactly one terminal
+      (response.completed | response.incomplete | response.failed)
+      -> data: [DONE] -> EOF
+
+Every event's JSON is an object whose ``type`` is the event's name and whose
+``sequence_number`` counts up by one from the first event's (the worker
+starts at 0). ``response.created`` comes first and carries the response id
+and model; every later ``response`` object must carry the same (a changed id
+is a crossed or broken stream). Output events are the ones OpenAI's
+Responses API defines for messages, reasoning and function calls
+(:data:`OUTPUT_EVENTS`); any other name -- built-in tool events, agentic
+progress -- is a violation, and so is an unnamed event other than
+``[DONE]``. The worker's ``event: error`` is ``upstream_error`` (raised at
+once, although the worker follows it with ``[DONE]``). A terminal event's
+usage (``input_tokens + output_tokens == total_tokens``, ``output_tokens``
+within ``max_output_tokens``) is checked; ``response.completed`` must carry
+it. ``response.failed`` is valid protocol (passed on, then ``[DONE]``; the
+receipt says ``upstream_error``). EOF before ``[DONE]`` is
+``upstream_unavailable``. Deltas follow ``text_nul`` like chat text.
+
+:class:`ResponsesDialect` re-emits each event with ``model`` set back to the
+alias, and answers a non-streaming caller with the terminal event's response
+object, its message text as the worker's non-streaming path leaves it
+(``chunks.worker_text``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.apis.base import Plan, Report, StreamBounds, TextNul
+from gateway.apis.chunks import DONE_FRAME, worker_text
+from gateway.apis.usage import estimate_output_tokens
+from gateway.errors import GatewayError
+from gateway.sse import StreamValidator, violation
+
+TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+OUTPUT_EVENTS = frozenset(
+    {
+        "response.in_progress",
+        "response.queued",
+        "response.output_item.added",
+        "response.output_item.done",
+        "response.content_part.added",
+        "response.content_part.done",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.output_text.annotation.added",
+        "response.refusal.delta",
+        "response.refusal.done",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.done",
+        "response.reasoning_summary_part.added",
+        "response.reasoning_summary_part.done",
+        "response.reasoning_summary_text.delta",
+        "response.reasoning_summary_text.done",
+    }
+)
+#: events whose ``delta`` is output text (content, refusal, reasoning)
+TEXT_DELTAS = frozenset(
+    {
+        "response.output_text.delta",
+        "response.refusal.delta",
+        "response.reasoning_text.delta",
+        "response.reasoning_summary_text.delta",
+    }
+)
+_CREATED = "response.created"
+
+
+@dataclass(slots=True)
+class ResponseEvent:
+    """One validated event; ``data`` is the caller's to mutate afterwards."""
+
+    name: str
+    data: dict[str, Any]
+    text: str
+
+
+def _upstream_error() -> GatewayError:
+    return GatewayError(
+        "upstream_error", "The inference worker reported an error.", outcome="upstream_error"
+    )
+
+
+def _count(usage: dict[str, Any], key: str) -> int:
+    value = usage.get(key)
+    if type(value) is not int or value < 0:
+        raise violation("Upstream usage counts are not non-negative integers.")
+    return value
+
+
+class ResponsesGrammar:
+    """The named-event rules; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        max_output_tokens: int | None,
+        max_text_bytes: int = 16_777_216,
+        text_nul: TextNul = "replace",
+        loads: Callable[[bytes | str], Any] = json.loads,
+    ) -> None:
+        self._max_output_tokens = max_output_tokens
+        self._max_text_bytes = max_text_bytes
+        self._text_nul = text_nul
+        self._loads = loads
+        self._next_seq: int | None = None
+        self._done = False
+        self.terminal: str | None = None
+        self.response_id: str | None = None
+        self.model: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self.incomplete_reason: str | None = None
+        self.text_bytes = 0
+        self.deltas = 0
+        self.nul_replaced = 0
+
+    @property
+    def terminated(self) -> bool:
+        return self._done
+
+    def on_event(self, name: str | None, data: str) -> ResponseEvent | None:
+        if name is None:
+            if data == "[DONE]" and self.terminal is not None:
+                self._done = True
+                return None
+            if data == "[DONE]":
+                raise violation("Upstream sent [DONE] before a terminal response event.")
+            raise violation("Upstream sent an unnamed event in a Responses stream.")
+        if self.terminal is not None:
+            raise violation("Upstream sent an event after the terminal response event.")
+        if name == "error":
+            raise _upstream_error()
+        if name != _CREATED and name not in OUTPUT_EVENTS and name not in TERMINAL_EVENTS:
+            raise violation("Upstream sent an unknown Responses event.")
+        obj = self._parse(data)
+        if obj.get("type") != name:
+            raise violation("Upstream event type does not match its name.")
+        self._check_sequence(obj)
+        self._check_response(name, obj)
+        text = ""
+        if name in TEXT_DELTAS or name == "response.function_call_arguments.delta":
+            text = self._delta(obj)
+            if name in TEXT_DELTAS:
+                self.deltas += 1
+        if name in TERMINAL_EVENTS:
+            self._on_terminal(name, obj)
+        return ResponseEvent(name, obj, text)
+
+    def _parse(self, data: str) -> dict[str, Any]:
+        try:
+            obj = self._loads(data)
+        except RecursionError:
+            raise violation("Upstream event is nested too deeply.") from None
+        except ValueError:
+            # from None: the decoder's error holds the document (model output)
+            raise violation("Upstream event is not valid JSON.") from None
+        if not isinstance(obj, dict):
+            raise violation("Upstream event is not a JSON object.")
+        return obj
+
+    def _check_sequence(self, obj: dict[str, Any]) -> None:
+        seq = obj.get("sequence_number")
+        if type(seq) is not int or seq < 0:
+            raise violation("Upstream event lacks a valid sequence_number.")
+        if self._next_seq is not None and seq != self._next_seq:
+            raise violation("Upstream event sequence_number is out of order.")
+        self._next_seq = seq + 1
+
+    @property
+    def next_sequence_number(self) -> int:
+        return 0 if self._next_seq is None else self._next_seq
+
+    def _check_response(self, name: str, obj: dict[str, Any]) -> None:
+        response = obj.get("response")
+        if self.response_id is None:
+            if name != _CREATED:
+                raise violation("Upstream Responses stream did not start with response.created.")
+            if not isinstance(response, dict):
+                raise violation("Upstream response.created carries no response object.")
+            rid, model = response.get("id"), response.get("model")
+            if not isinstance(rid, str) or not rid or not isinstance(model, str):
+                raise violation("Upstream response lacks a valid id or model.")
+            self.response_id, self.model = rid, model
+            return
+        if name == _CREATED:
+            raise violation("Upstream sent response.created twice.")
+        if response is None:
+            return
+        if not isinstance(response, dict):
+            raise violation("Upstream event response is not an object.")
+        if response.get("id") != self.response_id:
+            raise violation("Upstream response id changed within the stream.")
+        if response.get("model") != self.model:
+            raise violation("Upstream response model changed within the stream.")
+
+    def _delta(self, obj: dict[str, Any]) -> str:
+        value = obj.get("delta")
+        if not isinstance(value, str):
+            raise violation("Upstream event delta is not a string.")
+        if "\x00" in value:
+            value = obj["delta"] = self._scrub(value)
+        try:
+            self.text_bytes += len(value) if value.isascii() else len(value.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise violation("Upstream event text is not valid Unicode.") from None
+        if self.text_bytes > self._max_text_bytes:
+            raise violation("Upstream stream exceeded the text size limit.")
+        return value
+
+    def _scrub(self, value: str) -> str:
+        if self._text_nul == "reject":
+            raise violation("Upstream event text contains NUL.")
+        if self._text_nul == "replace":
+            self.nul_replaced += value.count("\x00")
+            return value.replace("\x00", "\ufffd")
+        return value
+
+    def _on_terminal(self, name: str, obj: dict[str, Any]) -> None:
+        response = obj.get("response")
+        if not isinstance(response, dict):
+            raise violation("Upstream terminal event carries no response object.")
+        usage = response.get("usage")
+        if usage is not None:
+            if not isinstance(usage, dict):
+                raise violation("Upstream response usage is not an object.")
+            self.usage = self._check_usage(usage)
+        elif name == "response.completed":
+            raise violation("Upstream response.completed carries no usage.")
+        details = response.get("incomplete_details")
+        if isinstance(details, dict) and isinstance(details.get("reason"), str):
+            self.incomplete_reason = details["reason"]
+        if self._text_nul != "pass":
+            self._scrub_output(response)
+        self.terminal = name
+
+    def _scrub_output(self, response: dict[str, Any]) -> None:
+        """The terminal response repeats the output text: the same NUL rule applies
+        (counted once, in the deltas)."""
+        counted = self.nul_replaced
+        if isinstance(response.get("output_text"), str) and "\x00" in response["output_text"]:
+            response["output_text"] = self._scrub(response["output_text"])
+        for entry in response.get("output") or ():
+            for part in (entry.get("content") or ()) if isinstance(entry, dict) else ():
+                text = part.get("text") if isinstance(part, dict) else None
+                if isinstance(text, str) and "\x00" in text:
+                    part["text"] = self._scrub(text)
+        self.nul_replaced = counted
+
+    def _check_usage(self, usage: dict[str, Any]) -> dict[str, Any]:
+        prompt = _count(usage, "input_tokens")
+        output = _count(usage, "output_tokens")
+        if prompt + output != _count(usage, "total_tokens"):
+            raise violation("Upstream usage does not add up.")
+        if self._max_output_tokens is not None and output > self._max_output_tokens:
+            raise violation("Upstream usage exceeds the request's max_output_tokens.")
+        return dict(usage)
+
+
+class ResponsesValidator(StreamValidator[ResponseEvent]):
+    grammar: ResponsesGrammar
+
+
+_OUTCOMES = {"response.completed": "complete", "response.failed": "upstream_error"}
+
+
+class ResponsesDialect:
+    """One Responses answer, for a streaming or a non-streaming caller."""
+
+    terminal_frame = DONE_FRAME
+    usage_source = "reported"
+
+    def __init__(self, plan: Plan, bounds: StreamBounds, *, collect: bool) -> None:
+        grammar = ResponsesGrammar(
+            max_output_tokens=plan.max_tokens,
+            max_text_bytes=bounds.max_text_bytes,
+            text_nul=bounds.text_nul,
+            loads=orjson.loads,
+        )
+        self.validator = ResponsesValidator(bounds.framing, grammar)
+        self.alias = plan.alias
+        self.collect = collect
+        self.has_content = False
+        self._response: dict[str, Any] | None = None
+
+    @property
+    def source(self) -> ResponsesValidator:
+        return self.validator
+
+    def on_item(self, event: ResponseEvent) -> bytes | None:
+        if event.text or event.name in TERMINAL_EVENTS:
+            self.has_content = True
+        response = event.data.get("response")
+        if isinstance(response, dict):
+            response["model"] = self.alias
+            if event.name in TERMINAL_EVENTS:
+                self._response = response
+        if self.collect:
+            return None
+        return b"event: " + event.name.encode() + b"\ndata: " + orjson.dumps(event.data) + b"\n\n"
+
+    def error_frame(self, exc: GatewayError) -> bytes:
+        body = {
+            "type": "error",
+            "code": exc.code,
+            "message": exc.message,
+            "param": None,
+            "sequence_number": self.validator.grammar.next_sequence_number,
+        }
+        return b"event: error\ndata: " + orjson.dumps(body) + b"\n\n"
+
+    def report(self) -> Report:
+        grammar = self.validator.grammar
+        usage = grammar.usage
+        counts = None
+        if usage is not None:
+            counts = (usage["input_tokens"], usage["output_tokens"], usage["total_tokens"])
+        terminal = grammar.terminal
+        outcome = _OUTCOMES.get(terminal or "", "complete")
+        finish = "stop" if terminal == "response.completed" else None
+        if terminal == "response.incomplete":
+            length = grammar.incomplete_reason == "max_output_tokens"
+            outcome = "length" if length else "incomplete"
+            finish = "length" if length else grammar.incomplete_reason
+        return Report(
+            finish_reason=finish,
+            usage=usage,
+            counts=counts,
+            output_estimate=estimate_output_tokens(grammar.deltas, grammar.text_bytes),
+            outcome=outcome,
+            nul_replaced=grammar.nul_replaced,
+            response_id=grammar.response_id,
+        )
+
+    def answer(self, usage: dict[str, Any]) -> dict[str, Any]:
+        """The terminal event's response object, as the worker answers non-streamed:
+        message text with its leading whitespace trimmed (``chunks.worker_text``)."""
+        response = self._response
+        assert response is not None, "answer() before a terminal event"
+        for entry in response.get("output") or ():
+            if isinstance(entry, dict) and entry.get("type") == "message":
+                for part in entry.get("content") or ():
+                    if isinstance(part, dict) and isinstance(part.get("text"), str):
+                        part["text"] = worker_text(part["text"], None, ())
+        if isinstance(response.get("output_text"), str):
+            response["output_text"] = worker_text(response["output_text"], None, ())
+        if response.get("usage") is None:
+            # Estimated by the gateway (the worker sent none): marked in x-usage-source.
+            response["usage"] = {
+                "input_tokens": usage["prompt_tokens"],
+                "output_tokens": usage["completion_tokens"],
+                "total_tokens": usage["total_tokens"],
+            }
+        return response
