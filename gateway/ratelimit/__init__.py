@@ -7,12 +7,37 @@ settlement queue of the remote store; ``factory`` picks one from the config.
 Each module opens with its theory of operation.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from gateway.apis.usage import estimate_prompt_tokens
 from gateway.ratelimit.base import Hold, LimitsStore, NullMetrics, StoreMetrics
 from gateway.ratelimit.core import TenantLimits, format_reset, retry_after
-from gateway.ratelimit.factory import build_limits_store, lease_for
-from gateway.ratelimit.memory import MemoryLimitsStore
-from gateway.ratelimit.redis_store import RedisLimitsStore, tenant_keys
+
+if TYPE_CHECKING:
+    from gateway.ratelimit.factory import build_limits_store, lease_for
+    from gateway.ratelimit.memory import MemoryLimitsStore
+    from gateway.ratelimit.redis_store import RedisLimitsStore, tenant_keys
+
+# The stores load asyncio and redis-py; importing the pure core (``core``,
+# ``base``) through this package must not (tests/test_purity.py).
+_STORES = {
+    "build_limits_store": "factory",
+    "lease_for": "factory",
+    "MemoryLimitsStore": "memory",
+    "RedisLimitsStore": "redis_store",
+    "tenant_keys": "redis_store",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _STORES.get(name)
+    if module is None:
+        raise AttributeError(name)
+    return getattr(importlib.import_module(f"gateway.ratelimit.{module}"), name)
+
 
 __all__ = [
     "Hold",
