@@ -33,7 +33,22 @@ Theory of operation
 """
 
 from gateway.testing.simulator.core import SimRequest
-from gateway.testing.simulator.knobs import DEFAULT_MODEL_ID, FAULTS, SimKnobs
+from gateway.testing.simulator.knobs import (
+    DEFAULT_MODEL_ID,
+    EMBEDDINGS_FAULTS,
+    FAULTS,
+    RESPONSES_FAULTS,
+    SimKnobs,
+)
 from gateway.testing.simulator.server import Simulator, main
 
-__all__ = ["DEFAULT_MODEL_ID", "FAULTS", "SimKnobs", "SimRequest", "Simulator", "main"]
+__all__ = [
+    "DEFAULT_MODEL_ID",
+    "EMBEDDINGS_FAULTS",
+    "FAULTS",
+    "RESPONSES_FAULTS",
+    "SimKnobs",
+    "SimRequest",
+    "Simulator",
+    "main",
+]
