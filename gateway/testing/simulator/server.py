@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import copy
 import dataclasses
 import ipaddress
 import secrets
@@ -266,9 +267,9 @@ class Simulator:
         self.set_entries(self.model_id, count)
 
     def stored_response(self, response_id: str) -> dict[str, Any] | None:
-        """What ``GET /v1/responses/{id}`` would answer now (None: 404)."""
+        """What ``GET /v1/responses/{id}`` would answer now (a copy; None: 404)."""
         with self._state.cond:
-            return self._state.store.get(response_id, time.monotonic())
+            return copy.deepcopy(self._state.store.get(response_id, time.monotonic()))
 
     def has_history(self, response_id: str) -> bool:
         """Whether ``previous_response_id=response_id`` would find a conversation."""
