@@ -133,7 +133,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_simulator(args: argparse.Namespace) -> int:
     from gateway.testing.simulator import main as simulator_main
 
-    return simulator_main(args.rest)
+    return simulator_main(args.rest, prog="mistralrs-gateway simulator")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -177,14 +177,27 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser("demo", help="simulator + gateway + one multimodal request")
     p.set_defaults(func=cmd_demo)
 
-    p = verbs.add_parser("simulator", help="run the mistral.rs protocol simulator (test equipment)")
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(func=cmd_simulator)
+    # The simulator parses its own flags (its --help lists them). A REMAINDER
+    # positional does not take arguments that start with "-" (argparse hands
+    # them to the parent, which calls them unrecognized), so main() passes
+    # everything after the verb through untouched.
+    p = verbs.add_parser(
+        "simulator",
+        help="run the mistral.rs protocol simulator (test equipment)",
+        add_help=False,
+    )
+    p.set_defaults(func=cmd_simulator, rest=[])
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    if argv[:1] == ["simulator"]:
+        args = parser.parse_args(argv[:1])
+        args.rest = argv[1:]
+    else:
+        args = parser.parse_args(argv)
     try:
         code: int = args.func(args)
     except ConfigError as exc:

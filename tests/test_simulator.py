@@ -15,13 +15,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
 
 from gateway.testing.simulator import DEFAULT_MODEL_ID, FAULTS, Simulator, main
+from tests.testing.simulator.wire import Raw, exchange, http_request, parse, read_raw
 
 MODEL = DEFAULT_MODEL_ID
 CHAT = "/v1/chat/completions"
@@ -71,110 +71,6 @@ def client(sim: Simulator) -> Iterator[httpx.Client]:
 
 
 # ------------------------------------------------------------------ helpers
-
-
-@dataclass
-class Raw:
-    status: int
-    headers: list[tuple[str, str]]
-    head_bytes: int
-    frames: list[bytes]  # chunk payloads, in order
-    body: bytes  # de-chunked (or the raw body when not chunked)
-    terminated: bool  # chunked terminator seen (or content-length satisfied)
-    ending: str  # "eof" | "reset" | "timeout"
-
-    def header(self, name: str) -> str | None:
-        values = [v for k, v in self.headers if k == name]
-        return values[0] if values else None
-
-    def events(self) -> list[bytes]:
-        return [e for e in self.body.split(b"\n\n") if e]
-
-    def chunks(self) -> list[dict[str, Any]]:
-        return [json.loads(e[6:]) for e in self.events() if e.startswith(b"data: {")]
-
-
-def exchange(port: int, request: bytes, timeout: float = 5.0, limit: int = 1 << 22) -> bytes:
-    """Send raw bytes; read until the server closes, resets, goes quiet, or ``limit``."""
-    received = bytearray()
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
-        sock.sendall(request)
-        try:
-            while len(received) < limit:
-                data = sock.recv(65536)
-                if not data:
-                    break
-                received += data
-        except (TimeoutError, ConnectionResetError):
-            pass
-    return bytes(received)
-
-
-def read_raw(port: int, request: bytes, timeout: float = 5.0) -> Raw:
-    received = bytearray()
-    ending = "eof"
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
-        sock.sendall(request)
-        try:
-            while len(received) < 1 << 22:
-                data = sock.recv(65536)
-                if not data:
-                    break
-                received += data
-        except TimeoutError:
-            ending = "timeout"
-        except ConnectionResetError:
-            ending = "reset"
-    return parse(bytes(received), ending)
-
-
-def parse(raw: bytes, ending: str = "eof") -> Raw:
-    head, sep, rest = raw.partition(b"\r\n\r\n")
-    if not sep:
-        return Raw(0, [], len(raw), [], b"", False, ending)
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split()[1])
-    headers = [(k.lower(), v.strip()) for k, _, v in (ln.partition(":") for ln in lines[1:])]
-    if ("transfer-encoding", "chunked") not in headers:
-        length = dict(headers).get("content-length")
-        done = length is not None and len(rest) == int(length)
-        return Raw(status, headers, len(head) + 4, [rest], rest, done, ending)
-    frames: list[bytes] = []
-    terminated = False
-    pos = 0
-    while pos < len(rest):  # bounded: pos advances every pass or we break
-        size_end = rest.find(b"\r\n", pos)
-        if size_end < 0:
-            break
-        size = int(rest[pos:size_end], 16)
-        if size == 0:
-            terminated = rest[size_end : size_end + 4] == b"\r\n\r\n"
-            break
-        start = size_end + 2
-        if len(rest) < start + size:
-            frames.append(rest[start:])  # a partial frame (endless_line, hang)
-            break
-        frames.append(rest[start : start + size])
-        pos = start + size + 2
-    return Raw(status, headers, len(head) + 4, frames, b"".join(frames), terminated, ending)
-
-
-def http_request(
-    path: str,
-    body: dict[str, Any] | bytes | None = None,
-    *,
-    method: str = "POST",
-    headers: dict[str, str] | None = None,
-    close: bool = True,
-) -> bytes:
-    payload = body if isinstance(body, bytes) else json.dumps(body).encode() if body else b""
-    lines = [f"{method} {path} HTTP/1.1", "host: 127.0.0.1"]
-    if body is not None:
-        lines += ["content-type: application/json", f"content-length: {len(payload)}"]
-    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
-    if close:
-        lines.append("connection: close")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + payload
 
 
 def chat(text: str, *, stream: bool = True, **extra: Any) -> dict[str, Any]:

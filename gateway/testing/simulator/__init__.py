@@ -2,10 +2,20 @@
 
 Everything it "generates" is labelled text (``"sim-token-3 "``); every response
 carries ``x-simulator: mistralrs-protocol-simulator``. It speaks the wire
-protocol of ``mistralrs serve`` as written down in the project's reference
-(``mistralrs-http.md``): routes, `/v1/models`, SSE chunk bytes (key order,
-nulls, usage on the terminal chunk only, ``[DONE]``), keep-alive comments,
-error bodies and ``x-request-id``.
+protocol of ``mistralrs serve`` / ``mistralrs from-config`` as written down in
+the project's reference (``mistralrs-http.md``) and source findings
+(``mistralrs-source.md``): routes, ``/v1/models`` with one or more models,
+chat and completion SSE chunk bytes (key order, nulls, usage on the terminal
+chunk only, ``[DONE]``), the Responses API's named events, resources and
+store (``/v1/responses``, ``GET``/``DELETE /v1/responses/{id}``, cancel),
+embeddings, keep-alive comments, error bodies and ``x-request-id``.
+
+Modules: knobs.py (knobs, directives, fault sets), plans.py (step types, the
+shared envelope and its faults), chat.py / responses.py (+ responses_input.py)
+/ embeddings.py (one dialect each, pure), routes.py (the served models),
+store.py (the Responses store), handlers.py (one handler per route), core.py
+(shared state, recording, playing), transport.py (the connection), server.py
+(``Simulator`` and the CLI).
 
 Theory of operation
 -------------------
@@ -19,21 +29,42 @@ Theory of operation
   plays plans: chunked framing, keep-alive comments during pauses, ``split``,
   flow control. Faults are only different plans.
 * Knobs come from constructor defaults, overridden per request by a
-  ``[[sim key=value ...]]`` directive in the last user message (or the
-  completion ``prompt``) unless ``directives=False``. Unknown keys or bad
-  values answer 400 ``simulator: ...`` so a typo never passes silently.
+  ``[[sim key=value ...]]`` directive in the last user message (the
+  completion ``prompt``; the Responses string input or last user item; any
+  embeddings string input) unless ``directives=False``. Unknown keys, bad
+  values, or a fault the route does not implement answer 400
+  ``simulator: ...`` so a typo never passes silently.
+* Several routes: ``Simulator(model_ids=[a, b])`` serves each (the first is
+  ``default``); a request's ``model`` picks its route, and every inference,
+  Responses or embeddings request records the ``model`` it named.
 * All shared state sits on one ``State`` behind one lock, because tests read
   it from another thread. Nothing is module-level mutable.
 * Deterministic: text, ids (a per-simulator counter), ``created`` (the
   simulator's start second), timings (derived from the knobs) and tool-call
-  ids depend only on the request order and knobs. Generated request ids are
-  random, as the real server's are.
+  ids depend only on the request order and knobs. Responses ids also mix in
+  the simulator's ``id_seed`` (random unless given), so two simulators never
+  share one. Generated request ids are random, as the real server's are.
 * Bounds: request head 64 KiB, body 50 MiB (413 like the real server), 32
   pipelined requests, a hang lasts at most 300 s, ``endless_line`` 512 MiB.
 """
 
 from gateway.testing.simulator.core import SimRequest
-from gateway.testing.simulator.knobs import DEFAULT_MODEL_ID, FAULTS, SimKnobs
+from gateway.testing.simulator.knobs import (
+    DEFAULT_MODEL_ID,
+    EMBEDDINGS_FAULTS,
+    FAULTS,
+    RESPONSES_FAULTS,
+    SimKnobs,
+)
 from gateway.testing.simulator.server import Simulator, main
 
-__all__ = ["DEFAULT_MODEL_ID", "FAULTS", "SimKnobs", "SimRequest", "Simulator", "main"]
+__all__ = [
+    "DEFAULT_MODEL_ID",
+    "EMBEDDINGS_FAULTS",
+    "FAULTS",
+    "RESPONSES_FAULTS",
+    "SimKnobs",
+    "SimRequest",
+    "Simulator",
+    "main",
+]

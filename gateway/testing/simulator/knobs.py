@@ -1,4 +1,23 @@
-"""Simulator constants, the per-response knobs and ``[[sim ...]]`` directives."""
+"""Simulator constants, the per-response knobs and ``[[sim ...]]`` directives.
+
+Knobs (constructor defaults, ``set_knobs``, or ``[[sim key=value ...]]``):
+
+``chunks`` text chunks (each one "token"), ``delay_ms`` between chunks,
+``first_delay_ms`` before the first, ``keepalive_ms`` idle time before a
+keep-alive comment (0: none), ``split`` write the bytes in pieces of at most N,
+``unicode`` multi-byte words, ``finish`` stop|length|tool_calls|canceled,
+``tool_call`` end in a function call, ``status`` answer this HTTP status with
+``{"message":"simulated failure"}``, ``extras`` 0.9.5 extras (chat), ``fault``
+(below), ``pad`` pad each token to N bytes, ``terminal``
+completed|incomplete|failed (``/v1/responses`` only; the real server only ever
+sends ``completed``), ``dims`` embedding dimensions (``/v1/embeddings``).
+
+Faults are per dialect. ``FAULTS`` are the chat/completions ones (see
+plans.py), ``RESPONSES_FAULTS`` those of ``/v1/responses`` (responses.py),
+``EMBEDDINGS_FAULTS`` those of ``/v1/embeddings`` (embeddings.py). A fault
+that the addressed route does not know answers 400 ``simulator: ...``, like a
+typo, so a test never passes on a fault that did nothing.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +41,23 @@ FAULTS = frozenset(
         "no_request_id", "invalid_utf8",
     }
 )  # fmt: skip
+RESPONSES_FAULTS = frozenset(
+    {
+        "missing_done", "close_mid", "error_json", "error_first", "id_change", "named_event",
+        "after_done", "bad_usage", "too_many_tokens", "nul_text", "invalid_utf8", "seq_gap",
+        "hang", "hang_headers", "hang_mid", "json_body", "wrong_content_type", "gzip",
+        "redirect", "wrong_request_id", "no_request_id", "huge_headers", "endless_line",
+    }
+)  # fmt: skip
+EMBEDDINGS_FAULTS = frozenset(
+    {
+        "wrong_count", "bad_index", "bad_usage", "non_finite", "close_mid", "hang",
+        "hang_headers", "wrong_content_type", "gzip", "redirect", "wrong_request_id",
+        "no_request_id", "huge_headers",
+    }
+)  # fmt: skip
+ALL_FAULTS = FAULTS | RESPONSES_FAULTS | EMBEDDINGS_FAULTS
+TERMINALS = frozenset({"completed", "incomplete", "failed"})
 MODELS_FAULTS = frozenset({"bad_body", "hang"})
 MODEL_STATUSES = frozenset({"loaded", "unloaded", "reloading"})
 
@@ -45,6 +81,8 @@ class SimKnobs:
     extras: bool = False
     fault: str | None = None
     pad: int = 0  # pad each content token's text to this many bytes (large streams)
+    terminal: str = "completed"  # /v1/responses: the terminal event
+    dims: int = 8  # /v1/embeddings: vector length
 
     def __post_init__(self) -> None:
         checks = (
@@ -55,8 +93,10 @@ class SimKnobs:
             (0 <= self.split <= 1 << 20, "split must be 0..1048576"),
             (self.finish in FINISHES, f"finish must be one of {sorted(FINISHES)}"),
             (self.status is None or 100 <= self.status <= 599, "status must be 100..599"),
-            (self.fault is None or self.fault in FAULTS, "unknown fault"),
+            (self.fault is None or self.fault in ALL_FAULTS, "unknown fault"),
             (0 <= self.pad <= 65_536, "pad must be 0..65536"),
+            (self.terminal in TERMINALS, f"terminal must be one of {sorted(TERMINALS)}"),
+            (1 <= self.dims <= 8192, "dims must be 1..8192"),
         )
         for ok, message in checks:
             if not ok:
@@ -84,6 +124,8 @@ _KNOB_TYPES: dict[str, Callable[[str], Any]] = {
     "extras": _flag,
     "fault": str,
     "pad": int,
+    "terminal": str,
+    "dims": int,
 }
 
 
@@ -110,3 +152,9 @@ def apply_directives(text: str, base: SimKnobs) -> SimKnobs:
         return dataclasses.replace(base, **updates)
     except ValueError as exc:
         raise DirectiveError(f"simulator: {exc}") from exc
+
+
+def check_fault(knobs: SimKnobs, known: frozenset[str], path: str) -> None:
+    """Refuse a fault that ``path`` does not implement (a no-op fault would hide a bug)."""
+    if knobs.fault is not None and knobs.fault not in known:
+        raise DirectiveError(f"simulator: fault {knobs.fault!r} does not apply to {path}")

@@ -1,12 +1,18 @@
 """Response plans: pure generators of steps (head, bytes, pause, end, faults)
-built from one request and its knobs. No I/O."""
+built from one request and its knobs. No I/O.
+
+This module holds the step types, the replies every route shares, the
+shared HTTP envelope of inference replies (:func:`envelope`, the faults every
+dialect shares) and helpers of the dialects: chat.py (chat and completions),
+responses.py (``/v1/responses``), embeddings.py (``/v1/embeddings``).
+"""
 
 from __future__ import annotations
 
 import enum
 import gzip
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,23 +21,13 @@ import orjson
 from gateway.testing.simulator.knobs import SIMULATOR_HEADER, SimKnobs
 
 _INVALID_UTF8_MARK = "\x1asim-invalid-utf8\x1a"
+INVALID_UTF8_MARK = _INVALID_UTF8_MARK
+NUL_TEXT = "sim-\x00-nul "
 
 _INVALID_UTF8_JSON = orjson.dumps(_INVALID_UTF8_MARK)[1:-1]
 
 _DONE_EVENT = b"data: [DONE]\n\n"
-
-_ERROR_JSON = (
-    b'data: {"error":{"message":"simulated engine error","type":"server_error",'
-    b'"param":null,"code":null}}\n\n'
-)
-
-_ERROR_RAW = b"data: simulated engine error\n\n"
-
-_NAMED_EVENT = (
-    b"event: agentic_tool_call_progress\n"
-    b'data: {"type":"agentic_tool_call_progress","round":1,"tool_name":"sim_tool",'
-    b'"phase":"calling","data":{"tool_type":"custom"}}\n\n'
-)
+DONE_EVENT = _DONE_EVENT
 
 UNICODE_WORDS = ("héllo", "wörld", "✓", "日本", "🙂")
 
@@ -65,24 +61,61 @@ class Op(enum.Enum):
 
 Step = Head | Pause | Op | bytes
 
+DESERIALIZE = "Failed to deserialize the JSON body into the target type: "
 
-@dataclass(frozen=True, slots=True)
-class Ctx:
-    """One inference request, reduced to what shapes its response."""
 
-    chat: bool
-    stream: bool
-    knobs: SimKnobs
-    number: int
-    created: int
-    model: str
-    max_tokens: int | None
-    prompt_tokens: int
-    request_id: str
+class Reject(Exception):
+    """A request the (simulated) server refuses before generating anything."""
 
-    @property
-    def id(self) -> str:
-        return str(self.number)
+    def __init__(self, status: int, message: str, *, as_json: bool) -> None:
+        super().__init__(message)
+        self.status, self.message, self.as_json = status, message, as_json
+
+    @classmethod
+    def shape(cls, problem: str) -> Reject:
+        """axum's JSON rejection: 422 text/plain."""
+        return cls(422, DESERIALIZE + problem, as_json=False)
+
+    @classmethod
+    def handler(cls, status: int, message: str) -> Reject:
+        """The handler's own refusal: ``{"message": ...}``."""
+        return cls(status, message, as_json=True)
+
+    def reply(self, request_id: str) -> Iterator[Step]:
+        if self.as_json:
+            return json_reply(self.status, {"message": self.message}, request_id)
+        return text_reply(self.status, self.message, request_id)
+
+
+def rough_tokens(texts: Iterable[str], per_text: int) -> int:
+    """About four characters a token, plus a few for each message's template."""
+    total = sum((len(t) + 3) // 4 + per_text for t in texts)
+    return max(1, total)
+
+
+def sim_uuid(seed: int, number: int, kind: int) -> str:
+    """A uuid4-shaped id made from the simulator's seed, a request number and a kind.
+
+    Ids look like the real server's ``Uuid::new_v4()`` but are reproducible:
+    the same seed, request order and kind give the same id.
+    """
+    mask48, mask64 = (1 << 48) - 1, (1 << 64) - 1
+    value = ((seed & mask64) << 64) | ((kind & 0x3FFF) << 48) | (number & mask48)
+    return str(uuid.UUID(int=value, version=4))
+
+
+def dump(obj: Any) -> bytes:
+    """Compact JSON (serde's bytes for these shapes); the invalid-UTF-8 mark becomes FF FE."""
+    data = orjson.dumps(obj)
+    if _INVALID_UTF8_JSON in data:
+        data = data.replace(_INVALID_UTF8_JSON, b"sim-\xff\xfe-bad ")
+    return data
+
+
+def token_text(i: int, unicode: bool, pad: int = 0) -> str:
+    word = UNICODE_WORDS[i % len(UNICODE_WORDS)] if unicode else "token"
+    text = f"sim-{word}-{i} "
+    return text.ljust(pad, ".") if pad else text
 
 
 def _id_headers(request_id: str, fault: str | None) -> list[tuple[str, str]]:
@@ -111,236 +144,66 @@ def text_reply(status: int, text: str, request_id: str) -> Iterator[Step]:
     return simple_reply(status, text.encode(), request_id, "text/plain; charset=utf-8")
 
 
-def _token(i: int, unicode: bool, pad: int = 0) -> str:
-    word = UNICODE_WORDS[i % len(UNICODE_WORDS)] if unicode else "token"
-    text = f"sim-{word}-{i} "
-    return text.ljust(pad, ".") if pad else text
+@dataclass(frozen=True, slots=True)
+class StoreCommit:
+    """A plan's note to the core: remember a Responses run at this point of the reply.
+
+    Never written: the core takes these out of a plan before the transport sees
+    it (a plan stays a pure value). ``history`` is the conversation as the real
+    server stores it for ``previous_response_id``; ``resource`` (when not None)
+    is also kept for ``GET /v1/responses/{id}``.
+    """
+
+    response_id: str
+    history: tuple[str, ...] | None
+    resource: dict[str, Any] | None
 
 
-def _shape(ctx: Ctx) -> tuple[int, str]:
-    """(content chunks, finish reason). Hitting max_tokens wins over everything."""
-    count = ctx.knobs.chunks
-    finish = "tool_calls" if ctx.knobs.tool_call else ctx.knobs.finish
-    if ctx.max_tokens is not None and count >= ctx.max_tokens:
-        return ctx.max_tokens, "length"
-    return count, finish
+PlanStep = Step | StoreCommit
+SseBody = Iterator[bytes | Pause | Op | StoreCommit]
 
 
-def _usage(ctx: Ctx, completion: int) -> dict[str, Any]:
-    # Synthetic but self-consistent timings, derived from the knobs so that
-    # identical requests give identical bytes.
-    k = ctx.knobs
-    prompt = ctx.prompt_tokens
-    prompt_s = max(0.001, round(prompt * 0.0005, 3))
-    gen_ms = k.first_delay_ms + k.delay_ms * max(completion - 1, 0) + 2.0 * completion
-    compl_s = max(0.001, round(gen_ms / 1000, 3))
-    total_s = round(prompt_s + compl_s, 3)
-    usage: dict[str, Any] = {
-        "completion_tokens": completion,
-        "prompt_tokens": prompt,
-        "total_tokens": prompt + completion,
-        "avg_tok_per_sec": round((prompt + completion) / total_s, 1),
-        "avg_prompt_tok_per_sec": round(prompt / prompt_s, 1),
-        "avg_compl_tok_per_sec": round(completion / compl_s, 1),
-        "total_time_sec": total_s,
-        "total_prompt_time_sec": prompt_s,
-        "total_completion_time_sec": compl_s,
-    }
-    if k.extras:
-        usage["prompt_tokens_details"] = {"cached_tokens": 0}
-    return usage
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """What a dialect hands to :func:`envelope`, which adds the HTTP-level faults.
+
+    ``json_body`` makes the non-streamed body (also a streamed request's under
+    ``json_body``), sent after ``delay_s`` (the whole generation time) with
+    ``json_status``; ``sse_body`` the streamed one (None: never streamed);
+    ``commit`` is yielded just before a JSON body.
+    """
+
+    stream: bool
+    knobs: SimKnobs
+    request_id: str
+    delay_s: float
+    json_body: Callable[[], bytes]
+    sse_body: Callable[[], SseBody] | None = None
+    json_status: int = 200
+    commit: StoreCommit | None = None
 
 
-def _terminal_usage(ctx: Ctx, count: int) -> dict[str, Any]:
-    fault = ctx.knobs.fault
-    if fault == "too_many_tokens":
-        return _usage(ctx, (ctx.max_tokens if ctx.max_tokens is not None else count) + 1)
-    usage = _usage(ctx, count)
-    if fault == "bad_usage":
-        usage["total_tokens"] += 1
-    return usage
+def envelope(env: Envelope) -> Iterator[PlanStep]:
+    """The HTTP-level part of every inference reply: status, headers, the shared faults.
 
-
-def _tool_calls(ctx: Ctx) -> list[dict[str, Any]]:
-    call_id = f"call-{uuid.UUID(int=ctx.number)}"
-    function = {"name": "lookup", "arguments": '{"q":1}'}
-    return [{"index": 0, "id": call_id, "type": "function", "function": function}]
-
-
-def _chunk(
-    ctx: Ctx,
-    content: str | None,
-    finish: str | None,
-    usage: dict[str, Any] | None,
-    tool_calls: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    chunk: dict[str, Any]
-    if ctx.chat:
-        delta = {"content": content, "role": "assistant", "tool_calls": tool_calls}
-        choice = {"finish_reason": finish, "index": 0, "delta": delta, "logprobs": None}
-        chunk = {"id": ctx.id, "choices": [choice], "created": ctx.created, "model": ctx.model}
-        chunk.update(system_fingerprint="local", object="chat.completion.chunk", usage=usage)
-    else:
-        choice = {"text": content, "index": 0, "logprobs": None, "finish_reason": finish}
-        chunk = {"id": ctx.id, "choices": [choice], "created": ctx.created, "model": ctx.model}
-        chunk.update(system_fingerprint="local", object="text_completion")
-        if usage is not None:  # completions never stream usage; only faults put it here
-            chunk["usage"] = usage
-    if ctx.knobs.extras and finish == "stop":
-        choice["stop_sequence"] = "</sim>"
-    if ctx.knobs.fault == "two_choices":
-        chunk["choices"].append({**choice, "index": 1})
-    return chunk
-
-
-def _corrupt(ctx: Ctx, chunk: dict[str, Any]) -> None:
-    """Apply a one-chunk fault to the chunk in the middle of the stream."""
-    fault = ctx.knobs.fault
-    choice = chunk["choices"][0]
-    text_key = "text" if "text" in choice else None
-    if fault == "id_change":
-        chunk["id"] = str(ctx.number + 1_000_000)
-    elif fault == "created_change":
-        chunk["created"] = ctx.created + 1
-    elif fault == "model_change":
-        chunk["model"] = "sim-other-model"
-    elif fault == "role_change" and ctx.chat:
-        choice["delta"]["role"] = "user"
-    elif fault in ("nul_text", "invalid_utf8"):
-        value = "sim-\x00-nul " if fault == "nul_text" else _INVALID_UTF8_MARK
-        if text_key:
-            choice[text_key] = value
-        else:
-            choice["delta"]["content"] = value
-
-
-def _event(chunk: dict[str, Any]) -> bytes:
-    data = orjson.dumps(chunk)
-    if _INVALID_UTF8_JSON in data:
-        data = data.replace(_INVALID_UTF8_JSON, b"sim-\xff\xfe-bad ")
-    return b"data: " + data + b"\n\n"
-
-
-_MID_FAULTS = frozenset(
-    {"close_mid", "error_json", "error_raw", "hang_mid", "named_event"}
-)  # fmt: skip
-_CHUNK_FAULTS = frozenset(
-    {"id_change", "created_change", "model_change", "role_change", "nul_text", "invalid_utf8"}
-)
-
-
-def _stream_body(ctx: Ctx) -> Iterator[bytes | Pause | Op]:
-    """The SSE body of a streamed chat/completion, faults included, ending in an Op."""
-    k = ctx.knobs
+    ``status`` (knob) answers ``{"message":"simulated failure"}`` with that
+    status; ``hang_headers`` never answers; ``redirect`` is a 307 to
+    ``/sim/redirected``; ``huge_headers`` adds a 200 KiB header;
+    ``wrong_request_id``/``no_request_id`` change ``x-request-id``;
+    ``close_mid`` (not streamed) cuts the connection half-way through the
+    generation; ``hang`` sends the head only; ``gzip`` compresses the whole body
+    (``content-encoding: gzip``); ``wrong_content_type`` says ``text/plain``;
+    ``json_body`` answers a streamed request with the JSON body;
+    ``endless_line`` streams one line that never ends.
+    """
+    k = env.knobs
     fault = k.fault
-    count, finish = _shape(ctx)
-    if fault == "bad_finish":
-        finish = "content_filter"
-    if fault == "error_first":
-        yield _ERROR_JSON
-        yield _DONE_EVENT
-        yield Op.END
-        return
-    if k.first_delay_ms:
-        yield Pause(k.first_delay_ms / 1000)
-    middle = count // 2
-    # The length chunk carries the last text; every other finish gets its own chunk.
-    finish_on_last = finish == "length" and count > 0
-    # Completion chunks never carry usage; the usage faults add one to corrupt.
-    with_usage = ctx.chat or fault in ("bad_usage", "too_many_tokens")
-    terminal_usage = _terminal_usage(ctx, count) if with_usage else None
-    for i in range(count + 1):
-        if i == middle and fault in _MID_FAULTS:
-            if fault == "close_mid":
-                yield Op.ABORT
-                return
-            if fault == "hang_mid":
-                yield Op.HANG
-                return
-            if fault == "named_event":
-                yield _NAMED_EVENT
-            else:
-                yield _ERROR_JSON if fault == "error_json" else _ERROR_RAW
-                yield _DONE_EVENT
-                yield Op.END
-                return
-        if i == count:
-            break
-        if i and k.delay_ms:
-            yield Pause(k.delay_ms / 1000)
-        last = finish_on_last and i == count - 1
-        chunk = _chunk(ctx, _token(i, k.unicode, k.pad), finish if last else None, None)
-        if last:
-            chunk["usage"] = terminal_usage
-        elif i == 0 and fault == "usage_early":
-            chunk["usage"] = _usage(ctx, count)
-        if i == middle and fault in _CHUNK_FAULTS:
-            _corrupt(ctx, chunk)
-        yield _event(chunk)
-    if not finish_on_last:
-        if k.delay_ms and count:
-            yield Pause(k.delay_ms / 1000)
-        if finish == "tool_calls" and ctx.chat:
-            chunk = _chunk(ctx, None, finish, terminal_usage, _tool_calls(ctx))
-        else:
-            chunk = _chunk(ctx, "", finish, terminal_usage)
-        if count == 0 and fault in _CHUNK_FAULTS:
-            _corrupt(ctx, chunk)
-        yield _event(chunk)
-    if fault != "missing_done":
-        yield _DONE_EVENT
-    if fault == "after_done":
-        yield _event(_chunk(ctx, _token(count, k.unicode), None, None))
-    yield Op.END
-
-
-def _json_body(ctx: Ctx) -> bytes:
-    k = ctx.knobs
-    count, finish = _shape(ctx)
-    if k.fault == "bad_finish":
-        finish = "content_filter"
-    text = "".join(_token(i, k.unicode, k.pad) for i in range(count))
-    if k.fault == "nul_text":
-        text = "sim-\x00-nul "
-    choice: dict[str, Any] = {"finish_reason": finish, "index": 0}
-    if ctx.chat:
-        tools = _tool_calls(ctx) if finish == "tool_calls" else None
-        content = None if tools and not text else text
-        choice["message"] = {"content": content, "role": "assistant", "tool_calls": tools}
-        choice["logprobs"] = None
-    else:
-        choice.update(text=text, logprobs=None)
-    if k.extras and finish == "stop":
-        choice["stop_sequence"] = "</sim>"
-    choices = [choice, {**choice, "index": 1}] if k.fault == "two_choices" else [choice]
-    body: dict[str, Any] = {"id": ctx.id, "choices": choices, "created": ctx.created}
-    body.update(
-        model=ctx.model,
-        system_fingerprint="local",
-        object="chat.completion" if ctx.chat else "text_completion",
-        usage=_terminal_usage(ctx, count),
-    )
-    data = orjson.dumps(body)
-    if k.fault == "invalid_utf8":
-        data = data.replace(b"sim-token-0", b"sim-\xff\xfe-bad", 1)
-    return data
-
-
-def _total_delay(ctx: Ctx) -> float:
-    count, _ = _shape(ctx)
-    k = ctx.knobs
-    return (k.first_delay_ms + k.delay_ms * max(count - 1, 0)) / 1000
-
-
-def plan_inference(ctx: Ctx) -> Iterator[Step]:
-    k = ctx.knobs
-    fault = k.fault
-    base = [*_id_headers(ctx.request_id, fault), *_COMMON_HEADERS]
+    base = [*_id_headers(env.request_id, fault), *_COMMON_HEADERS]
     if fault == "huge_headers":
         base.append(("x-sim-padding", "p" * 200 * 1024))
     if k.status is not None:
         yield from simple_reply(
-            k.status, b'{"message":"simulated failure"}', ctx.request_id, "application/json"
+            k.status, b'{"message":"simulated failure"}', env.request_id, "application/json"
         )
         return
     if fault == "hang_headers":
@@ -350,24 +213,26 @@ def plan_inference(ctx: Ctx) -> Iterator[Step]:
         yield Head(307, [("location", "/sim/redirected"), *base], 0)
         yield Op.END
         return
-    if fault == "close_mid" and not ctx.stream:
-        yield Pause(_total_delay(ctx) / 2)
+    if fault == "close_mid" and not env.stream:
+        yield Pause(env.delay_s / 2)
         yield Op.ABORT
         return
-    if not ctx.stream or fault == "json_body":
-        if not ctx.stream:
-            yield Pause(_total_delay(ctx))
+    if not env.stream or fault == "json_body" or env.sse_body is None:
+        if not env.stream:
+            yield Pause(env.delay_s)
         if fault == "hang":
             yield Op.HANG
             return
-        body = _json_body(ctx)
+        body = env.json_body()
         headers = [("content-type", "application/json"), *base]
         if fault == "gzip":
             body = gzip.compress(body, mtime=0)
             headers.append(("content-encoding", "gzip"))
         elif fault == "wrong_content_type":
             headers[0] = ("content-type", "text/plain; charset=utf-8")
-        yield Head(200, headers, len(body))
+        if env.commit is not None:
+            yield env.commit
+        yield Head(env.json_status, headers, len(body))
         yield body
         yield Op.END
         return
@@ -376,7 +241,9 @@ def plan_inference(ctx: Ctx) -> Iterator[Step]:
     headers += [("cache-control", "no-cache"), *base]
     if fault == "gzip":
         # Compressed as a whole: pauses are dropped, the bytes are what matter here.
-        raw = b"".join(s for s in _stream_body(ctx) if isinstance(s, bytes))
+        steps = list(env.sse_body())
+        yield from (s for s in steps if isinstance(s, StoreCommit))
+        raw = b"".join(s for s in steps if isinstance(s, bytes))
         yield Head(200, [*headers, ("content-encoding", "gzip")], None)
         yield gzip.compress(raw, mtime=0)
         yield Op.END
@@ -388,4 +255,4 @@ def plan_inference(ctx: Ctx) -> Iterator[Step]:
         yield b"data: "
         yield Op.ENDLESS
     else:
-        yield from _stream_body(ctx)
+        yield from env.sse_body()

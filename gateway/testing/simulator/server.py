@@ -5,22 +5,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import copy
 import dataclasses
 import ipaddress
+import secrets
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gateway.testing.simulator.core import Core, SimRequest, State
-from gateway.testing.simulator.knobs import (
-    DEFAULT_MODEL_ID,
-    MODEL_STATUSES,
-    MODELS_FAULTS,
-    SimKnobs,
-)
+from gateway.testing.simulator.knobs import DEFAULT_MODEL_ID, MODELS_FAULTS, SimKnobs
 from gateway.testing.simulator.transport import Connection
 
 _READY_TIMEOUT_S = 10.0
@@ -53,6 +50,13 @@ class Simulator:
     Use ``start()``/``stop()`` to run it on its own thread and event loop (tests),
     or ``await serve_forever()`` on the current loop (CLI). Knob arguments are the
     defaults of every response; ``directives=False`` ignores ``[[sim ...]]``.
+
+    ``model_ids`` serves several routes (a ``from-config`` worker); the first is
+    the default. ``model_id`` is the one-route shorthand (ignored when
+    ``model_ids`` is given, which must then start with it if it is not the
+    default value). ``id_seed`` makes the Responses ids (``resp_``, ``msg_``,
+    ``fc_``, ``call-``) reproducible; by default each simulator draws its own,
+    so two simulators never hand out the same response id.
     """
 
     def __init__(
@@ -61,6 +65,8 @@ class Simulator:
         host: str = "127.0.0.1",
         port: int = 0,
         model_id: str = DEFAULT_MODEL_ID,
+        model_ids: Sequence[str] | None = None,
+        id_seed: int | None = None,
         chunks: int = 8,
         delay_ms: float = 0,
         keepalive_ms: float = 10_000,
@@ -73,8 +79,15 @@ class Simulator:
         extras: bool = False,
         fault: str | None = None,
         status: int | None = None,
+        pad: int = 0,
+        terminal: str = "completed",
+        dims: int = 8,
     ) -> None:
         _require_loopback(host)
+        if model_ids is None:
+            model_ids = [model_id]
+        elif model_id != DEFAULT_MODEL_ID and (not model_ids or model_ids[0] != model_id):
+            raise ValueError("model_id must be the first of model_ids (or left out)")
         knobs = SimKnobs(
             chunks=chunks,
             delay_ms=delay_ms,
@@ -87,10 +100,14 @@ class Simulator:
             status=status,
             extras=extras,
             fault=fault,
+            pad=pad,
+            terminal=terminal,
+            dims=dims,
         )
         self._host = host
         self._port = port
-        self._state = State(model_id, knobs, directives)
+        seed = secrets.randbits(64) if id_seed is None else id_seed
+        self._state = State(list(model_ids), knobs, directives, seed)
         self._listening = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -110,7 +127,16 @@ class Simulator:
 
     @property
     def model_id(self) -> str:
+        """The default (first) route."""
         return self._state.model_id
+
+    @property
+    def model_ids(self) -> tuple[str, ...]:
+        return self._state.routes.ids
+
+    @property
+    def id_seed(self) -> int:
+        return self._state.id_seed
 
     # -- running
 
@@ -191,7 +217,8 @@ class Simulator:
             return [dataclasses.replace(r) for r in self._state.requests]
 
     def reset(self) -> None:
-        """Back to as constructed: no recorded requests, peak = current, model loaded.
+        """Back to as constructed: no recorded requests, peak = current, every route
+        loaded and listed once, the Responses store empty.
 
         The completion-id counter keeps counting, so ids stay unique per simulator.
         """
@@ -200,7 +227,9 @@ class Simulator:
             st.requests.clear()
             st.max_active = st.active
             st.knobs = st.initial_knobs
-            st.model_status, st.model_entries, st.models_fault = "loaded", 1, None
+            st.routes.reset()
+            st.models_fault = None
+            st.store.clear()
 
     @property
     def active_streams(self) -> int:
@@ -212,17 +241,40 @@ class Simulator:
         with self._state.cond:
             return self._state.max_active
 
-    def set_model_status(self, status: str | None) -> None:
-        if status is not None and status not in MODEL_STATUSES:
-            raise ValueError(f"status must be one of {sorted(MODEL_STATUSES)} or None")
+    def set_status(self, route: str, status: str | None) -> None:
+        """``route``'s status in ``/v1/models``: loaded, unloaded, reloading, or None
+        (not listed: requests naming it get the unknown-model error)."""
         with self._state.cond:
-            self._state.model_status = status
+            self._state.routes.set_status(route, status)
+            self._state.cond.notify_all()
+
+    def set_entries(self, route: str, count: int) -> None:
+        """List ``route`` ``count`` times (0..16) in ``/v1/models``."""
+        with self._state.cond:
+            self._state.routes.set_entries(route, count)
+            self._state.cond.notify_all()
+
+    def status(self, route: str) -> str | None:
+        with self._state.cond:
+            return self._state.routes.get(route).status
+
+    def set_model_status(self, status: str | None) -> None:
+        """:meth:`set_status` of the default route."""
+        self.set_status(self.model_id, status)
 
     def set_model_entries(self, count: int) -> None:
-        if not 0 <= count <= 16:
-            raise ValueError("count must be 0..16")
+        """:meth:`set_entries` of the default route."""
+        self.set_entries(self.model_id, count)
+
+    def stored_response(self, response_id: str) -> dict[str, Any] | None:
+        """What ``GET /v1/responses/{id}`` would answer now (a copy; None: 404)."""
         with self._state.cond:
-            self._state.model_entries = count
+            return copy.deepcopy(self._state.store.get(response_id, time.monotonic()))
+
+    def has_history(self, response_id: str) -> bool:
+        """Whether ``previous_response_id=response_id`` would find a conversation."""
+        with self._state.cond:
+            return self._state.store.history(response_id, time.monotonic()) is not None
 
     def set_models_fault(self, fault: str | None) -> None:
         if fault is not None and fault not in MODELS_FAULTS:
@@ -250,29 +302,54 @@ class Simulator:
 # ---------------------------------------------------------------------- CLI
 
 
-def main(argv: list[str] | None = None) -> int:
+_DEFAULT = " (default: %(default)s)"
+
+
+def build_parser(prog: str = "python -m gateway.testing.simulator") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m gateway.testing.simulator",
+        prog=prog,
         description="mistral.rs protocol simulator (test equipment; generates no real text)",
     )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--model-id", default=DEFAULT_MODEL_ID)
-    parser.add_argument("--chunks", type=int, default=8)
-    parser.add_argument("--delay-ms", type=float, default=0.0)
-    parser.add_argument("--keepalive-ms", type=float, default=10_000.0)
-    parser.add_argument("--first-delay-ms", type=float, default=0.0)
-    parser.add_argument("--no-directives", action="store_true")
+    add = parser.add_argument
+    add("--host", default="127.0.0.1", help="loopback address to bind" + _DEFAULT)
+    add("--port", type=int, default=0, help="port to listen on (0: any free port)" + _DEFAULT)
+    add(
+        "--model-id",
+        action="append",
+        dest="model_ids",
+        metavar="ID",
+        help=f"a route to serve; repeat for several, the first is the default "
+        f"(default: {DEFAULT_MODEL_ID})",
+    )
+    add("--chunks", type=int, default=8, help="text chunks per answer" + _DEFAULT)
+    add("--delay-ms", type=float, default=0.0, help="pause between chunks" + _DEFAULT)
+    add(
+        "--keepalive-ms",
+        type=float,
+        default=10_000.0,
+        help="idle time before a keep-alive" + _DEFAULT,
+    )
+    add("--first-delay-ms", type=float, default=0.0, help="pause before the first chunk" + _DEFAULT)
+    add("--dims", type=int, default=8, help="embedding dimensions" + _DEFAULT)
+    add("--id-seed", type=int, default=None, help="seed of the Responses ids (default: random)")
+    add("--no-directives", action="store_true", help="ignore [[sim ...]] directives")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    parser = build_parser(prog) if prog else build_parser()
     args = parser.parse_args(argv)
     try:
         sim = Simulator(
             host=args.host,
             port=args.port,
-            model_id=args.model_id,
+            model_ids=args.model_ids or [DEFAULT_MODEL_ID],
             chunks=args.chunks,
             delay_ms=args.delay_ms,
             keepalive_ms=args.keepalive_ms,
             first_delay_ms=args.first_delay_ms,
+            dims=args.dims,
+            id_seed=args.id_seed,
             directives=not args.no_directives,
         )
     except ValueError as exc:

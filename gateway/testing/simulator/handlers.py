@@ -1,0 +1,338 @@
+"""One handler per route: request bytes (and the shared ``State``) in, a reply
+out: a finished plan, or a :class:`Job` for inference. Runs on the event loop.
+
+Checks follow the real server's order: the body limit (the connection's:
+transport.py refuses a larger body while it arrives), content type (415),
+JSON syntax (400), JSON shape (axum's 422 text), then the handler's own
+checks (``{"message": ...}``), then the ``[[sim ...]]`` directives (400
+``simulator: ...``). A request's ``model`` resolves through ``routes.Routes``;
+an unknown one is 500 on chat, completions and Responses and 422 on
+embeddings, as in the real server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from gateway.testing.simulator.chat import Ctx, plan_inference
+from gateway.testing.simulator.embeddings import check, parse_embeddings, plan_embeddings
+from gateway.testing.simulator.knobs import (
+    EMBEDDINGS_FAULTS,
+    FAULTS,
+    RESPONSES_FAULTS,
+    DirectiveError,
+    SimKnobs,
+    apply_directives,
+    check_fault,
+)
+from gateway.testing.simulator.plans import (
+    DESERIALIZE,
+    Op,
+    PlanStep,
+    Reject,
+    Step,
+    json_reply,
+    rough_tokens,
+    simple_reply,
+    text_reply,
+)
+from gateway.testing.simulator.responses import Run, background, plan_response
+from gateway.testing.simulator.responses_input import parse_create
+
+if TYPE_CHECKING:
+    from gateway.testing.simulator.core import State
+
+_RESPONSES = "/v1/responses"
+_NOT_JSON = DESERIALIZE + "expected value at line 1 column 1"
+_ADMIN_METHODS: dict[str, str] = {
+    "/v1/models/status": "POST",
+    "/v1/models/unload": "POST",
+    "/v1/models/reload": "POST",
+    "/v1/models/tune": "POST",
+    "/v1/system/info": "GET",
+    "/v1/system/doctor": "POST",
+    "/v1/lora_adapters": "GET",
+    "/metrics": "GET",
+    "/re_isq": "POST",
+    "/calibration/start": "POST",
+    "/calibration/apply": "POST",
+    "/calibration/status": "GET",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """An inference reply: built once admitted, from the engine's next request number."""
+
+    stream: bool
+    knobs: SimKnobs
+    build: Callable[[int], Iterator[PlanStep]]
+
+
+Reply = Iterator[Step] | Job
+
+
+def route(
+    state: State, method: str, path: str, body: bytes, headers: dict[str, str], rid: str
+) -> Reply:
+    if path in ("/v1/chat/completions", "/v1/completions"):
+        if method != "POST":
+            return simple_reply(405, b"", rid)
+        return _inference(state, path, body, headers, rid)
+    if path in (_RESPONSES, "/v1/embeddings"):
+        if method != "POST":
+            return simple_reply(405, b"", rid)
+        handler = _create_response if path == _RESPONSES else _embeddings
+        return handler(state, body, headers, rid)
+    if path.startswith(_RESPONSES + "/"):
+        return _stored_response(state, method, path[len(_RESPONSES) + 1 :], rid)
+    if path in ("/v1/models", "/health", "/"):
+        if method != "GET":
+            return simple_reply(405, b"", rid)
+        return _models(state, rid) if path == "/v1/models" else text_reply(200, "OK", rid)
+    allowed = _ADMIN_METHODS.get(path)
+    if allowed is None:
+        return simple_reply(404, b"", rid)
+    if method != allowed:
+        return simple_reply(405, b"", rid)
+    return _admin(state, path, body, rid)
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _is_json_type(headers: dict[str, str]) -> bool:
+    mime = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    return mime == "application/json" or (
+        mime.startswith("application/") and mime.endswith("+json")
+    )
+
+
+def _json_body(body: bytes, headers: dict[str, str]) -> Any:
+    if not _is_json_type(headers):
+        raise Reject(415, "Expected request with `Content-Type: application/json`", as_json=False)
+    try:
+        return orjson.loads(body)
+    except ValueError as exc:
+        raise Reject(400, _NOT_JSON, as_json=False) from exc
+
+
+def _knobs(state: State, text: str, faults: frozenset[str], path: str) -> SimKnobs:
+    """The request's knobs: the defaults, its directives; a foreign fault is refused."""
+    with state.cond:
+        knobs, use_directives = state.knobs, state.directives
+    try:
+        if use_directives:
+            knobs = apply_directives(text, knobs)
+        check_fault(knobs, faults, path)
+    except DirectiveError as exc:
+        raise Reject(400, str(exc), as_json=False) from exc
+    return knobs
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict)]
+        return " ".join(p for p in parts if isinstance(p, str))
+    return ""
+
+
+def _extract(req: Any, chat: bool) -> tuple[list[str], str]:
+    """(all prompt texts, text that may hold directives); Reject on a bad shape."""
+    if not isinstance(req, dict):
+        raise Reject.shape("invalid type: expected a JSON object")
+    if not chat:
+        prompt = req.get("prompt")
+        if not isinstance(prompt, str):
+            raise Reject.shape(
+                "missing field `prompt`" if prompt is None else "invalid type: prompt"
+            )
+        return [prompt], prompt
+    messages = req.get("messages")
+    if isinstance(messages, str):  # a bare string is one user message
+        return [messages], messages
+    if not isinstance(messages, list):
+        raise Reject.shape(
+            "missing field `messages`" if messages is None else "invalid type: messages"
+        )
+    if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+        raise Reject.shape("invalid type: message")
+    texts = [_text_of(m.get("content")) for m in messages]
+    users = [t for m, t in zip(messages, texts, strict=True) if m["role"] == "user"]
+    return texts, users[-1] if users else ""
+
+
+# ---------------------------------------------------- chat and completions
+
+
+def _inference(state: State, path: str, body: bytes, headers: dict[str, str], rid: str) -> Reply:
+    try:
+        return _inference_job(state, path, body, headers, rid)
+    except Reject as reject:
+        return reject.reply(rid)
+
+
+def _inference_job(state: State, path: str, body: bytes, headers: dict[str, str], rid: str) -> Job:
+    chat = path == "/v1/chat/completions"
+    req = _json_body(body, headers)
+    texts, directive_text = _extract(req, chat)
+    model = req.get("model", "default")
+    stream = req.get("stream", False)
+    max_tokens = req.get("max_tokens", req.get("max_completion_tokens"))
+    problem = None
+    if not (isinstance(model, str) and isinstance(stream, bool)):
+        problem = "invalid type: model or stream"
+    if max_tokens is not None and (
+        not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0
+    ):
+        problem = "invalid type: max_tokens"
+    if problem is not None:
+        raise Reject.shape(problem)
+    with state.cond:
+        found = state.routes.resolve(model)
+        message = state.routes.unknown_model_message(model)
+        created = state.created
+    if found is None:
+        raise Reject.handler(500, message)
+    if max_tokens == 0:
+        raise Reject.handler(500, "`max_tokens` must be at least 1")
+    knobs = _knobs(state, directive_text, FAULTS, path)
+    prompt_tokens = rough_tokens(texts, 4 if chat else 0)
+    ctx = Ctx(chat, stream, knobs, 0, created, found.model_id, max_tokens, prompt_tokens, rid)
+    return Job(stream, knobs, lambda n: plan_inference(dataclasses.replace(ctx, number=n)))
+
+
+# -------------------------------------------------------------- responses
+
+
+def _create_response(state: State, body: bytes, headers: dict[str, str], rid: str) -> Reply:
+    try:
+        req = _json_body(body, headers)
+        call = parse_create(req)
+        now = time.monotonic()
+        with state.cond:
+            found = state.routes.resolve(call.model)
+            message = state.routes.unknown_model_message(call.model)
+            previous = call.previous_response_id
+            history = state.store.history(previous, now) if previous is not None else None
+            seed, created = state.id_seed, state.created
+        if found is None:
+            raise Reject.handler(500, message)
+        knobs = _knobs(state, call.directive_text, RESPONSES_FAULTS, _RESPONSES)
+    except Reject as reject:
+        return reject.reply(rid)
+    sent = (*(history or ()), *call.texts)
+    run = Run(call, knobs, 0, seed, created, rough_tokens(sent, 4), sent, rid)
+    if not call.background:
+        return Job(call.stream, knobs, lambda n: plan_response(dataclasses.replace(run, number=n)))
+    if knobs.status is not None:
+        return simple_reply(
+            knobs.status, b'{"message":"simulated failure"}', rid, "application/json"
+        )
+    # background wins over stream: the queued object now, the run "continues"
+    run = dataclasses.replace(run, number=state.take_number())
+    queued, task = background(run, time.monotonic())
+    with state.cond:
+        state.store.background[run.response_id] = task
+        state.cond.notify_all()
+    return json_reply(200, queued, rid)
+
+
+def _stored_response(state: State, method: str, rest: str, rid: str) -> Iterator[Step]:
+    response_id, _, action = rest.partition("/")
+    if not response_id or "/" in action or action not in ("", "cancel"):
+        return simple_reply(404, b"", rid)
+    allowed = ("POST",) if action == "cancel" else ("GET", "DELETE")
+    if method not in allowed:
+        return simple_reply(405, b"", rid)
+    now = time.monotonic()
+    with state.cond:
+        if action == "cancel":
+            found = state.store.cancel(response_id, now)
+        elif method == "GET":
+            found = state.store.get(response_id, now)
+        elif state.store.delete(response_id, now):
+            found = {"deleted": True, "id": response_id, "object": "response.deleted"}
+        else:
+            found = None
+        state.cond.notify_all()
+    if found is not None:
+        return json_reply(200, found, rid)
+    suffix = " or cannot be cancelled" if action == "cancel" else ""
+    message = f"Response with ID '{response_id}' not found{suffix}"
+    return json_reply(404, {"message": message}, rid)
+
+
+# ------------------------------------------------------------- embeddings
+
+
+def _embeddings(state: State, body: bytes, headers: dict[str, str], rid: str) -> Reply:
+    try:
+        call = parse_embeddings(_json_body(body, headers))
+        with state.cond:
+            found = state.routes.resolve(call.model)
+            message = state.routes.unknown_model_message(call.model)
+        if found is None:
+            raise Reject.handler(422, message)
+        check(call)
+        knobs = _knobs(state, call.directive_text, EMBEDDINGS_FAULTS, "/v1/embeddings")
+    except Reject as reject:
+        return reject.reply(rid)
+    return Job(False, knobs, lambda _number: plan_embeddings(call, knobs, rid))
+
+
+# ------------------------------------------------------- models and admin
+
+
+def _models(state: State, rid: str) -> Iterator[Step]:
+    with state.cond:
+        fault = state.models_fault
+        listing = state.routes.models_list(state.created)
+    if fault == "hang":
+        return iter([Op.HANG])
+    if fault == "bad_body":
+        return simple_reply(200, b'{"object":"list","data":[{"id":', rid, "application/json")
+    return json_reply(200, listing, rid)
+
+
+def _admin(state: State, path: str, body: bytes, rid: str) -> Iterator[Step]:
+    if path == "/metrics":
+        with state.cond:
+            active = state.active
+        text = f"# mistralrs protocol simulator\nmistralrs_sequences_running {active}\n"
+        return text_reply(200, text, rid)
+    if path == "/v1/lora_adapters":
+        error = {"message": "LoRA runtime is not available", "type": "invalid_request_error"}
+        return json_reply(409, {"error": {**error, "code": "lora_runtime_unavailable"}}, rid)
+    if path in ("/re_isq", "/calibration/start", "/calibration/apply"):
+        # These handlers answer in text/plain, errors included (reference §5).
+        return text_reply(200, f"simulated: {path} accepted", rid)
+    if path not in ("/v1/models/status", "/v1/models/unload", "/v1/models/reload"):
+        return json_reply(200, {"simulator": True, "route": path}, rid)
+    try:
+        parsed = orjson.loads(body)
+    except ValueError:
+        return text_reply(400, _NOT_JSON, rid)
+    model_id = parsed.get("model_id") if isinstance(parsed, dict) else None
+    if not isinstance(model_id, str):
+        return Reject.shape("missing field `model_id`").reply(rid)
+    with state.cond:
+        found = state.routes.lookup(model_id)
+        if found is None:
+            status: str | None = "not_found"
+        else:
+            if path == "/v1/models/unload":
+                found.status = "unloaded"
+            elif path == "/v1/models/reload":
+                found.status = "loaded"
+            status = found.status
+        state.cond.notify_all()
+    return json_reply(200, {"model_id": model_id, "status": status}, rid)

@@ -1,0 +1,97 @@
+"""The simulator's command line, alone and as ``mistralrs-gateway simulator``."""
+
+from __future__ import annotations
+
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+import pytest
+
+from gateway import cli
+from gateway.testing.simulator import DEFAULT_MODEL_ID, main
+
+_LISTENING = re.compile(r"simulator listening on (http://127\.0\.0\.1:(\d+))\n")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextmanager
+def running(argv: list[str]) -> Iterator[tuple[str, int]]:
+    """Start ``argv``; yield (base URL, port) once it printed its address; stop it by PID."""
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        ready, _, _ = select.select([process.stdout], [], [], 10)
+        assert ready, "no listening line within 10 s"
+        line = process.stdout.readline()
+        match = _LISTENING.fullmatch(line)
+        assert match, line
+        yield match.group(1), int(match.group(2))
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(10) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(5)
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+def test_help_shows_the_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for line in [
+        "--host HOST loopback address to bind (default: 127.0.0.1)",
+        "--port PORT port to listen on (0: any free port) (default: 0)",
+        "--chunks CHUNKS text chunks per answer (default: 8)",
+        "--keepalive-ms KEEPALIVE_MS idle time before a keep-alive (default: 10000.0)",
+        "--dims DIMS embedding dimensions (default: 8)",
+        "--id-seed ID_SEED seed of the Responses ids (default: random)",
+    ]:
+        assert line in text
+    assert DEFAULT_MODEL_ID[:20] in text and "repeat for several" in text
+
+
+def test_gateway_verb_passes_every_flag_through(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["simulator", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: mistralrs-gateway simulator [-h] [--host HOST] [--port PORT]")
+    assert cli.main(["simulator", "--host", "0.0.0.0"]) == 2
+    assert "loopback" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["simulator", "--port", "many"])
+    assert "invalid int value" in capsys.readouterr().err
+
+
+def test_gateway_verb_serves_on_the_given_port_with_two_routes() -> None:
+    port = _free_port()
+    argv = [sys.executable, "-m", "gateway.cli", "simulator", "--port", str(port)]
+    argv += ["--model-id", "/m/a", "--model-id", "/m/b", "--chunks", "2"]
+    with running(argv) as (url, bound):
+        assert bound == port
+        models = httpx.get(url + "/v1/models", timeout=5).json()["data"]
+        assert [m["id"] for m in models] == ["default", "/m/a", "/m/b"]
+        body = {"model": "/m/b", "messages": "hi"}
+        answer = httpx.post(url + "/v1/chat/completions", json=body, timeout=5).json()
+        assert answer["model"] == "/m/b" and answer["usage"]["completion_tokens"] == 2
+
+
+def test_module_cli_refuses_duplicate_routes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--model-id", "/m/a", "--model-id", "/m/a"]) == 2
+    assert "Model ID conflict" in capsys.readouterr().err
