@@ -240,8 +240,7 @@ class InferenceEndpoint:
 
     async def _own_response(self, call: _Call, response_id: str) -> None:
         """Forward a previous_response_id only if it is one of the tenant's own."""
-        catalog, tenant = call.rt.evidence.catalog, call.tenant.name
-        if await anyio.to_thread.run_sync(catalog.response_alias, tenant, response_id) is None:
+        if await call.rt.responses.alias(call.tenant.name, response_id) is None:
             raise GatewayError("response_not_found", param="previous_response_id")
 
     async def _media_records(self, call: _Call, plan: Plan) -> None:
@@ -333,6 +332,7 @@ class InferenceEndpoint:
             # x-request-id and CORS are added by the app's one send wrapper.
             response_headers=headers,
             abort=call.exchange.drop_connection,
+            before_end=lambda: self._note_response(call),
         )
         producer = call.producer = BodyProducer(body, rt.evidence.store)
 
@@ -351,6 +351,7 @@ class InferenceEndpoint:
         await relay.collect(opener)
         usage = call.usage = self._usage(call)
         answer = dialect.answer(public_usage(usage))
+        self._note_response(call)
         reply_headers = {**rate_headers, "x-usage-source": usage.source}
         await send_json(call.send, 200, answer, reply_headers)
         relay.state.finished = relay.state.completed = True
@@ -371,6 +372,19 @@ class InferenceEndpoint:
                 await send_error(call.send, exc, call.info)
         except TimeoutError:
             call.exchange.drop_connection()
+
+    def _note_response(self, call: _Call) -> None:
+        """A Responses id becomes the tenant's before the caller can use it."""
+        if call.dialect is None or call.plan is None or call.relayed_response is not None:
+            return
+        report = call.dialect.report()
+        response_id = report.response_id
+        if response_id is None:
+            return
+        keep = report.final is not None and call.plan.body.get("store", True) is not False
+        body = orjson.dumps(report.final) if keep else None
+        call.rt.responses.note(call.tenant.name, response_id, call.plan.alias, body)
+        call.relayed_response = response_id
 
     # -- the one finally --------------------------------------------------------
 
@@ -427,8 +441,8 @@ class InferenceEndpoint:
             receipt.stream_sha256 = relay.stream_sha256
             receipt.finish_reason = report.finish_reason
             receipt.nul_replaced = report.nul_replaced
-            if report.response_id is not None and (relay.state.headers_sent or facts.finished):
-                call.relayed_response = report.response_id
+            if relay.state.headers_sent or facts.finished:
+                self._note_response(call)  # a stream the caller saw begin, ended or not
             receipt.usage = call.usage or self._usage(call)
             if relay.state.first_content_at is not None:
                 ttft = relay.state.first_content_at - info.started
@@ -484,9 +498,6 @@ def _after(call: _Call) -> None:
             with contextlib.suppress(GatewayError):
                 evidence.delete(call.tenant, evidence_id)
     finally:
-        if call.relayed_response is not None and call.plan is not None:
-            ttl = call.rt.config.responses.ttl_s
+        if call.relayed_response is not None:
             with contextlib.suppress(GatewayError):
-                evidence.catalog.record_response(
-                    call.tenant.name, call.relayed_response, call.plan.alias, ttl
-                )
+                call.rt.responses.persist(call.tenant.name, call.relayed_response)

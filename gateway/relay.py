@@ -70,8 +70,11 @@ class Relay:
         timeouts: Timeouts,
         response_headers: list[tuple[bytes, bytes]],
         abort: Callable[[], None] | None = None,
+        before_end: Callable[[], None] | None = None,
     ) -> None:
         self.dialect = dialect
+        #: run right before the terminator goes out (what the caller may use next)
+        self.before_end = before_end
         self.timeouts = timeouts
         self.response_headers = response_headers
         self.abort = abort
@@ -158,6 +161,8 @@ class Relay:
                 if not ended:
                     raise GatewayError("upstream_protocol_error")
                 if send is not None:
+                    if self.before_end is not None:
+                        self.before_end()
                     await self._send(
                         send, {"type": "http.response.body", "body": self.dialect.terminal_frame}
                     )

@@ -1,19 +1,23 @@
 """``GET`` and ``DELETE /v1/responses/{id}`` (spec §14): only for the caller's own ids.
 
 A Responses id is the tenant's once the gateway relayed it (the catalog's
-``responses`` table, kept ``responses.ttl_s``). Anything else -- another
-tenant's id, an expired one, one the gateway never saw, a malformed one --
-answers 404 ``response_not_found`` without reaching the worker, so another
-tenant's id looks exactly like an unknown one. The worker's answer is
-checked (its id, its object type) and the alias is put back in ``model``; a
-deleted id is forgotten here too.
+``responses`` table, kept ``responses.ttl_s``; ``gateway/response_book.py``).
+Anything else -- another tenant's id, an expired one, one the gateway never
+saw, a malformed one -- answers 404 ``response_not_found`` without reaching
+the worker, so another tenant's id looks exactly like an unknown one.
+
+``GET`` answers from the response object the gateway kept: it streams every
+request from the worker (spec §9) and the worker keeps no streamed response
+for ``GET``. Without a kept copy (``store: false``, a stream that never
+finished) it is forwarded. ``DELETE`` is forwarded (the worker drops the
+conversation history ``previous_response_id`` reads) and forgets the id here;
+an id the worker no longer knows is still deleted here. The worker's answers
+are checked (id, object type) and the alias is put back in ``model``.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-import anyio.to_thread
 
 from gateway.apis.responses import RESPONSE_ID
 from gateway.asgi import Receive, Scope, Send, info_of, runtime_of, send_error, send_json
@@ -29,30 +33,45 @@ async def response_item(scope: Scope, receive: Receive, send: Send) -> None:
     method: str = scope["method"]
     try:
         tenant = await tenant_for(scope, rt, "responses")
-        rt.check_serving()
-        catalog = rt.evidence.catalog
-        alias = None
+        found = None
         if RESPONSE_ID.fullmatch(response_id):
-            alias = await anyio.to_thread.run_sync(catalog.response_alias, tenant.name, response_id)
-        if alias is None:
+            found = await rt.responses.entry(tenant.name, response_id)
+        if found is None:
             raise GatewayError("response_not_found")
+        alias, kept = found
+        if method == "GET" and kept is not None:
+            await _send_raw(send, kept)
+            return
+        rt.check_serving()  # what follows reaches the worker
         status, body = await rt.upstream.request_json(
             method,
             f"/v1/responses/{response_id}",
             info.request_id,
             rt.config.upstream.readiness_timeout_s * 5,
         )
-        if status == 404:
-            raise GatewayError("response_not_found")
-        if status != 200:
-            raise GatewayError("upstream_error")
-        answer = _checked(method, response_id, body, alias)
         if method == "DELETE":
-            await anyio.to_thread.run_sync(catalog.forget_response, tenant.name, response_id)
+            if status not in (200, 404):
+                raise GatewayError("upstream_error")
+            await rt.responses.forget(tenant.name, response_id)
+            answer = {"id": response_id, "object": "response.deleted", "deleted": True}
+            if status == 200:
+                answer = _checked(method, response_id, body, alias)
+        elif status == 404:
+            raise GatewayError("response_not_found")
+        elif status != 200:
+            raise GatewayError("upstream_error")
+        else:
+            answer = _checked(method, response_id, body, alias)
     except GatewayError as exc:
         await send_error(send, exc, info)
         return
     await send_json(send, 200, answer)
+
+
+async def _send_raw(send: Send, body: bytes) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _checked(method: str, response_id: str, body: Any, alias: str) -> dict[str, Any]:

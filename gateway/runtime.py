@@ -33,6 +33,7 @@ from gateway.metrics_listener import MetricsListener
 from gateway.policy import PolicySet
 from gateway.ratelimit import LimitsStore, build_limits_store
 from gateway.receipts import ReceiptWriter
+from gateway.response_book import ResponseBook
 from gateway.upstream.client import Upstream
 from gateway.upstream.readiness import Readiness
 
@@ -56,6 +57,8 @@ class Runtime:
     serve_identity: str | None
     #: uploads being read (staging.max_concurrent_uploads)
     uploads: asyncio.Semaphore
+    #: which Responses ids are whose
+    responses: ResponseBook
     keys_http: httpx.AsyncClient | None = None
     draining: bool = False
     inflight: set[Exchange] = field(default_factory=set)
@@ -181,6 +184,7 @@ async def build_runtime(loaded: Loaded) -> Runtime:
         metrics=metrics,
         serve_identity=serve_identity,
         uploads=asyncio.Semaphore(config.staging.max_concurrent_uploads),
+        responses=ResponseBook(evidence.catalog, config.responses.ttl_s),
         keys_http=keys_http,
     )
     for problem in await runtime.auth.prefetch():

@@ -106,6 +106,8 @@ class Report:
     nul_replaced: int = 0
     #: ids the worker gave the answer (Responses: recorded for the tenant)
     response_id: str | None = None
+    #: the answer's final object when it is kept for a later GET (Responses)
+    final: dict[str, Any] | None = None
 
 
 class Source(Protocol):

@@ -11,16 +11,18 @@ count the prompt estimate.
 The answer (:class:`EmbeddingsDialect`) must be ``object: list`` with one
 ``embedding`` entry per input, ``index`` 0…n-1 in order, each embedding a
 list of finite numbers or (``encoding_format: base64``) base64 of
-little-endian float32, all of one dimension, and ``usage.prompt_tokens`` ≤
+little-endian float32, all of one dimension, and ``usage.prompt_tokens`` =
 ``usage.total_tokens``; the alias is put back in ``model``.
 """
 
 from __future__ import annotations
 
+import array
 import base64
 import binascii
 import json
 import math
+import sys
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -220,7 +222,8 @@ class EmbeddingsDialect:
         if not isinstance(usage, dict):
             raise violation("Upstream embeddings answer carries no usage.")
         prompt, total = usage.get("prompt_tokens"), usage.get("total_tokens")
-        if type(prompt) is not int or type(total) is not int or not 0 <= prompt <= total:
+        # An embedding generates nothing: every token counted is a prompt token.
+        if type(prompt) is not int or type(total) is not int or not 0 <= prompt == total:
             raise violation("Upstream embeddings usage is malformed.")
         self._usage = dict(usage)
         answer["model"] = self.alias
@@ -236,7 +239,12 @@ class EmbeddingsDialect:
                 raise violation("Upstream embedding is not base64.") from None
             if not raw or len(raw) % 4:
                 raise violation("Upstream embedding is not float32 data.")
-            return len(raw) // 4
+            values = array.array("f", raw)
+            if sys.byteorder != "little":  # pragma: no cover - the wire is little-endian
+                values.byteswap()
+            if not all(math.isfinite(v) for v in values):
+                raise violation("Upstream embedding has a value that is not finite.")
+            return len(values)
         if not isinstance(vector, list) or not vector:
             raise violation("Upstream embedding is not a list of numbers.")
         for value in vector:

@@ -149,7 +149,7 @@ class ResponsesGrammar:
         obj = self._parse(data)
         if obj.get("type") != name:
             raise violation("Upstream event type does not match its name.")
-        self._check_sequence(obj)
+        seq = self._check_sequence(obj)
         self._check_response(name, obj)
         text = ""
         if name in TEXT_DELTAS or name == "response.function_call_arguments.delta":
@@ -158,6 +158,9 @@ class ResponsesGrammar:
                 self.deltas += 1
         if name in TERMINAL_EVENTS:
             self._on_terminal(name, obj)
+        # Counted only once accepted: a gateway error event takes the next number
+        # after the last event the caller saw.
+        self._next_seq = seq + 1
         return ResponseEvent(name, obj, text)
 
     def _parse(self, data: str) -> dict[str, Any]:
@@ -172,13 +175,13 @@ class ResponsesGrammar:
             raise violation("Upstream event is not a JSON object.")
         return obj
 
-    def _check_sequence(self, obj: dict[str, Any]) -> None:
+    def _check_sequence(self, obj: dict[str, Any]) -> int:
         seq = obj.get("sequence_number")
         if type(seq) is not int or seq < 0:
             raise violation("Upstream event lacks a valid sequence_number.")
         if self._next_seq is not None and seq != self._next_seq:
             raise violation("Upstream event sequence_number is out of order.")
-        self._next_seq = seq + 1
+        return seq
 
     @property
     def next_sequence_number(self) -> int:
@@ -343,6 +346,7 @@ class ResponsesDialect:
             outcome=outcome,
             nul_replaced=grammar.nul_replaced,
             response_id=grammar.response_id,
+            final=self._response,
         )
 
     def answer(self, usage: dict[str, Any]) -> dict[str, Any]:

@@ -78,6 +78,7 @@ CREATE TABLE IF NOT EXISTS responses (
     id TEXT NOT NULL,
     alias TEXT NOT NULL,
     expires INTEGER NOT NULL,
+    body BLOB,
     PRIMARY KEY (tenant, id)
 );
 """
@@ -386,22 +387,26 @@ class Catalog:
             row = conn.execute("SELECT COUNT(*) FROM leases").fetchone()
         return int(row[0])
 
-    def record_response(self, tenant: str, response_id: str, alias: str, ttl_s: int) -> None:
+    def record_response(
+        self, tenant: str, response_id: str, alias: str, ttl_s: int, body: bytes | None
+    ) -> None:
         expires = int(self._clock()) + ttl_s
         with self._write() as conn:
             conn.execute(
-                "INSERT OR REPLACE INTO responses (tenant, id, alias, expires) VALUES (?, ?, ?, ?)",
-                (tenant, response_id, alias, expires),
+                "INSERT OR REPLACE INTO responses (tenant, id, alias, expires, body) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (tenant, response_id, alias, expires, body),
             )
 
-    def response_alias(self, tenant: str, response_id: str) -> str | None:
-        """The alias the tenant's live response id was asked for; None if not its own."""
+    def response_entry(self, tenant: str, response_id: str) -> tuple[str, bytes | None] | None:
+        """(alias, kept response object) of the tenant's live response id; None if
+        it is not one of the tenant's."""
         with self._read() as conn:
             row = conn.execute(
-                "SELECT alias FROM responses WHERE tenant = ? AND id = ? AND expires > ?",
+                "SELECT alias, body FROM responses WHERE tenant = ? AND id = ? AND expires > ?",
                 (tenant, response_id, int(self._clock())),
             ).fetchone()
-        return None if row is None else str(row[0])
+        return None if row is None else (str(row[0]), row[1])
 
     def forget_response(self, tenant: str, response_id: str) -> None:
         with self._write() as conn:

@@ -49,10 +49,10 @@ def issuers() -> list[dict[str, Any]]:
     ]
 
 
-def policies(**acme: Any) -> dict[str, dict[str, Any]]:
+def policies(globex: dict[str, Any] | None = None, **acme: Any) -> dict[str, dict[str, Any]]:
     acme_policy = default_policy("acme", api_keys=[{"name": "nightly", "sha256": API_KEY_SHA}])
     acme_policy.update(acme)
-    return {"acme": acme_policy, "globex": default_policy("globex")}
+    return {"acme": acme_policy, "globex": default_policy("globex", **(globex or {}))}
 
 
 class Stack:
@@ -129,6 +129,7 @@ def running_stack(
     directory: Path,
     *,
     acme: dict[str, Any] | None = None,
+    globex: dict[str, Any] | None = None,
     sim_options: dict[str, Any] | None = None,
     server_options: dict[str, Any] | None = None,
     **sections: Any,
@@ -141,7 +142,7 @@ def running_stack(
         config = write_config(
             directory,
             upstream_port=sim.port,
-            policies=policies(**(acme or {})),
+            policies=policies(globex, **(acme or {})),
             issuers=issuers(),
             **sections,
         )

@@ -1,0 +1,360 @@
+"""The Responses API and embeddings through the real gateway (spec §14), with the
+official ``openai`` SDK against the protocol simulator."""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+from openai.types.responses import ResponseCompletedEvent, ResponseTextDeltaEvent
+
+from gateway.testing.harness import DEMO_SECRET_ENV
+from gateway.testing.simulator import EMBEDDINGS_FAULTS, RESPONSES_FAULTS
+from tests.support.evidence import PNG, decoded, staged
+from tests.support.jwt import HS_SECRET
+from tests.support.stack import Stack, running_stack, worker_posts
+
+ENDPOINTS = ["chat.completions", "completions", "responses", "embeddings", "models", "evidence"]
+FAST = {"first_event_timeout_s": 0.6, "idle_timeout_s": 0.6, "total_timeout_s": 5}
+ALIAS = "gemma-4-mm"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    mp = pytest.MonkeyPatch()
+    mp.setenv(DEMO_SECRET_ENV, HS_SECRET)
+    policy = {"endpoints": ENDPOINTS}
+    try:
+        with running_stack(
+            tmp_path_factory.mktemp("responses"), acme=policy, globex=policy, upstream=FAST
+        ) as running:
+            yield running
+    finally:
+        mp.undo()
+
+
+def _sdk(stack: Stack, tenant: str = "acme") -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=stack.url + "/v1", api_key=stack.rs256(tenant=tenant), max_retries=0, timeout=10
+    )
+
+
+def _last_post(stack: Stack) -> dict[str, Any]:
+    body = worker_posts(stack.sim)[-1].json
+    assert isinstance(body, dict)
+    return body
+
+
+# -- responses.create -------------------------------------------------------------
+
+
+def test_responses_create_not_streamed(stack: Stack) -> None:
+    response = _sdk(stack).responses.create(model=ALIAS, input="hi [[sim chunks=4]]")
+    assert response.status == "completed" and response.model == ALIAS
+    assert response.output_text.startswith("sim-token-0")
+    assert response.usage is not None and response.usage.output_tokens == 4
+    sent = _last_post(stack)
+    assert sent["stream"] is True, "asked as a stream, so a disconnect frees the worker"
+    assert sent["model"] != ALIAS and sent["max_output_tokens"] == 512
+    receipt = stack.receipt(worker_posts(stack.sim)[-1].headers["x-request-id"])
+    assert (receipt["endpoint"], receipt["outcome"]) == ("responses", "complete")
+    assert receipt["usage"]["source"] == "reported" and receipt["usage"]["completion_tokens"] == 4
+
+
+def test_responses_create_streamed(stack: Stack) -> None:
+    events = list(
+        _sdk(stack).responses.create(model=ALIAS, input="hi [[sim chunks=3]]", stream=True)
+    )
+    types = [e.type for e in events]
+    assert types[0] == "response.created" and types[-1] == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if isinstance(e, ResponseTextDeltaEvent))
+    assert isinstance(events[-1], ResponseCompletedEvent)
+    final = events[-1].response
+    assert final.output_text == text and final.model == ALIAS
+    with stack.client() as client:
+        raw = client.post("/v1/responses", json={"model": ALIAS, "input": "x", "stream": True})
+    assert raw.text.endswith("data: [DONE]\n\n")
+    assert raw.headers["x-usage-source"] == "reported"
+
+
+def test_function_tools_round_trip(stack: Stack) -> None:
+    client = _sdk(stack)
+    tools: Any = [
+        {
+            "type": "function",
+            "name": "get_weather",
+            "description": "Weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        }
+    ]
+    first = client.responses.create(model=ALIAS, input="weather? [[sim tool_call=1]]", tools=tools)
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert calls, first.output
+    follow_up: list[Any] = [
+        {"role": "user", "content": "weather? [[sim chunks=2]]"},
+        *(item.model_dump(exclude_none=True) for item in first.output),
+        {"type": "function_call_output", "call_id": calls[0].call_id, "output": "sunny"},
+    ]
+    second = client.responses.create(model=ALIAS, input=follow_up, tools=tools)
+    assert second.status == "completed"
+    sent = _last_post(stack)
+    outputs = [i for i in sent["input"] if i.get("type") == "function_call_output"]
+    assert outputs == [
+        {"type": "function_call_output", "call_id": calls[0].call_id, "output": "sunny"}
+    ]
+
+
+def test_evidence_in_an_input_image(stack: Stack) -> None:
+    record = staged(stack, PNG, "image/png")
+    part = {"type": "input_image", "image_url": f"evidence:{record['id']}"}
+    body: dict[str, Any] = {
+        "model": ALIAS,
+        "input": [{"role": "user", "content": [part, {"type": "input_text", "text": "what?"}]}],
+    }
+    with stack.client() as client:
+        assert client.post("/v1/responses", json=body).status_code == 200
+    sent_part = _last_post(stack)["input"][0]["content"][0]
+    assert decoded(sent_part["image_url"]) == ("image/png", PNG)
+    caller_url = {"type": "input_image", "image_url": "https://evil.test/x.png"}
+    body["input"][0]["content"] = [caller_url]
+    with stack.client() as client:
+        refused = client.post("/v1/responses", json=body)
+    assert refused.json()["error"]["code"] == "caller_url_forbidden"
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"tools": [{"type": "code_interpreter", "container": {"type": "auto"}}]}, "tools[0].type"),
+        ({"background": True}, "background"),
+        ({"include": ["file_search_call.results"]}, "include[0]"),
+        ({"max_tool_calls": 2}, "max_tool_calls"),
+        ({"frobnicate": 1}, "frobnicate"),
+    ],
+)
+def test_refused_fields_name_their_path(stack: Stack, extra: dict[str, Any], param: str) -> None:
+    before = len(worker_posts(stack.sim))
+    with stack.client() as client:
+        response = client.post("/v1/responses", json={"model": ALIAS, "input": "x", **extra})
+    assert response.status_code == 400
+    assert (response.json()["error"]["code"], response.json()["error"]["param"]) == (
+        "unsupported_field",
+        param,
+    )
+    assert len(worker_posts(stack.sim)) == before
+
+
+# -- response ids are the tenant's --------------------------------------------------
+
+
+def test_previous_response_id_own_other_and_unknown(stack: Stack) -> None:
+    acme = _sdk(stack)
+    own = acme.responses.create(model=ALIAS, input="one")
+    acme.responses.create(model=ALIAS, input="two", previous_response_id=own.id)
+    assert _last_post(stack)["previous_response_id"] == own.id
+    before = len(worker_posts(stack.sim))
+    globex = _sdk(stack, "globex")
+    for other in (own.id, "resp_00000000-0000-0000-0000-000000000000", "not-an-id"):
+        with pytest.raises(openai.NotFoundError) as info:
+            globex.responses.create(model=ALIAS, input="x", previous_response_id=other)
+        assert info.value.code == "response_not_found"
+    assert len(worker_posts(stack.sim)) == before, "no foreign id reached the worker"
+
+
+def test_retrieve_and_delete_own_ids_only(stack: Stack) -> None:
+    acme, globex = _sdk(stack), _sdk(stack, "globex")
+    created = acme.responses.create(model=ALIAS, input="keep me")
+    fetched = acme.responses.retrieve(created.id)
+    assert (fetched.id, fetched.model, fetched.output_text) == (
+        created.id,
+        ALIAS,
+        created.output_text,
+    )
+    with pytest.raises(openai.NotFoundError):
+        globex.responses.retrieve(created.id)
+    with pytest.raises(openai.NotFoundError):
+        globex.responses.delete(created.id)
+    acme.responses.delete(created.id)
+    with pytest.raises(openai.NotFoundError) as info:
+        acme.responses.retrieve(created.id)
+    assert info.value.code == "response_not_found"
+
+
+# -- faults ------------------------------------------------------------------------
+
+# fault -> (code, receipt outcome, column for a streaming caller: "head" or "event")
+RESPONSE_FAULTS: dict[str, tuple[str, str, str]] = {
+    "missing_done": ("upstream_unavailable", "incomplete", "event"),
+    "close_mid": ("upstream_unavailable", "incomplete", "event"),
+    "hang_mid": ("upstream_timeout", "incomplete", "event"),
+    "error_json": ("upstream_error", "upstream_error", "event"),
+    "error_first": ("upstream_error", "upstream_error", "event"),
+    "id_change": ("upstream_protocol_error", "protocol_error", "event"),
+    "named_event": ("upstream_protocol_error", "protocol_error", "event"),
+    "after_done": ("upstream_protocol_error", "protocol_error", "event"),
+    "bad_usage": ("upstream_protocol_error", "protocol_error", "event"),
+    "too_many_tokens": ("upstream_protocol_error", "protocol_error", "event"),
+    "invalid_utf8": ("upstream_protocol_error", "protocol_error", "event"),
+    "seq_gap": ("upstream_protocol_error", "protocol_error", "event"),
+    "hang": ("upstream_timeout", "incomplete", "head"),
+    "hang_headers": ("upstream_timeout", "incomplete", "head"),
+    "json_body": ("upstream_protocol_error", "protocol_error", "head"),
+    "wrong_content_type": ("upstream_protocol_error", "protocol_error", "head"),
+    "gzip": ("upstream_protocol_error", "protocol_error", "head"),
+    "redirect": ("upstream_protocol_error", "protocol_error", "head"),
+    "wrong_request_id": ("upstream_protocol_error", "protocol_error", "head"),
+    "huge_headers": ("upstream_protocol_error", "protocol_error", "head"),
+    "endless_line": ("upstream_protocol_error", "protocol_error", "head"),
+}
+STATUS = {
+    "upstream_error": 502,
+    "upstream_protocol_error": 502,
+    "upstream_unavailable": 502,
+    "upstream_timeout": 504,
+}
+
+
+def test_every_simulator_fault_is_covered() -> None:
+    assert set(RESPONSE_FAULTS) | {"nul_text", "no_request_id"} == set(RESPONSES_FAULTS)
+
+
+@pytest.mark.parametrize("fault", sorted(RESPONSE_FAULTS))
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+def test_every_responses_fault(stack: Stack, fault: str, stream: bool) -> None:
+    code, outcome, column = RESPONSE_FAULTS[fault]
+    body = {"model": ALIAS, "input": f"go [[sim fault={fault} chunks=6]]", "stream": stream}
+    with stack.client(timeout=10) as client:
+        response = client.post("/v1/responses", json=body)
+    if stream and column == "event":
+        assert response.status_code == 200
+        frames = response.text.strip("\n").split("\n\n")
+        assert "data: [DONE]" not in frames, "a failed stream never ends with [DONE]"
+        name, _, data = frames[-1].partition("\ndata: ")
+        last = json.loads(data)
+        assert name == "event: error" and last["type"] == "error" and last["code"] == code
+        assert sum(f.startswith("event: error") for f in frames) == 1
+        numbers = [
+            json.loads(f.partition("data: ")[2])["sequence_number"]
+            for f in frames
+            if "data: {" in f
+        ]
+        assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))
+    else:
+        assert response.status_code == STATUS[code]
+        assert response.json()["error"]["code"] == code
+    receipt = stack.receipt(response.headers["x-request-id"])
+    assert (receipt["outcome"], receipt["error_code"]) == (outcome, code)
+
+
+@pytest.mark.parametrize(
+    ("terminal", "outcome"), [("incomplete", "length"), ("failed", "upstream_error")]
+)
+def test_incomplete_and_failed_are_valid_protocol(
+    stack: Stack, terminal: str, outcome: str
+) -> None:
+    body = {"model": ALIAS, "input": f"go [[sim terminal={terminal} chunks=3]]", "stream": True}
+    with stack.client() as client:
+        response = client.post("/v1/responses", json=body)
+    assert response.status_code == 200 and response.text.endswith("data: [DONE]\n\n")
+    assert f"event: response.{terminal}" in response.text
+    receipt = stack.receipt(response.headers["x-request-id"])
+    assert (receipt["outcome"], receipt["error_code"]) == (outcome, None)
+
+
+# -- embeddings ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "given",
+    ["one sentence", ["a", "b", "c"], [1, 2, 3], [[1, 2], [3, 4, 5]]],
+    ids=["string", "strings", "tokens", "token_lists"],
+)
+def test_embeddings_create_float_and_base64(stack: Stack, given: Any) -> None:
+    client = _sdk(stack)
+    raw_floats = client.embeddings.with_raw_response.create(
+        model=ALIAS, input=given, encoding_format="float"
+    )
+    floats = raw_floats.parse()
+    count = 1 if isinstance(given, str) or isinstance(given[0], int) else len(given)
+    assert [d.index for d in floats.data] == list(range(count))
+    assert floats.model == ALIAS and floats.usage.prompt_tokens > 0
+    with stack.client() as raw:
+        b64 = raw.post(
+            "/v1/embeddings", json={"model": ALIAS, "input": given, "encoding_format": "base64"}
+        ).json()
+    for entry, vector in zip(b64["data"], floats.data, strict=True):
+        raw_bytes = base64.b64decode(entry["embedding"])
+        unpacked = struct.unpack(f"<{len(raw_bytes) // 4}f", raw_bytes)
+        assert unpacked == pytest.approx(vector.embedding)
+    receipt = stack.receipt(raw_floats.headers["x-request-id"])
+    assert (receipt["endpoint"], receipt["outcome"]) == ("embeddings", "complete")
+    assert receipt["usage"]["source"] == "reported"
+
+
+def test_embeddings_bounds(stack: Stack) -> None:
+    with stack.client() as client:
+        many = client.post("/v1/embeddings", json={"model": ALIAS, "input": ["x"] * 257})
+        dims = client.post("/v1/embeddings", json={"model": ALIAS, "input": "x", "dimensions": 8})
+    assert (many.status_code, many.json()["error"]["param"]) == (400, "input")
+    assert dims.json()["error"] == {
+        **dims.json()["error"],
+        "code": "unsupported_field",
+        "param": "dimensions",
+    }
+
+
+@pytest.mark.parametrize(
+    "fault", sorted(EMBEDDINGS_FAULTS - {"no_request_id", "hang", "hang_headers"})
+)
+def test_every_embeddings_fault_is_refused(stack: Stack, fault: str) -> None:
+    with stack.client(timeout=10) as client:
+        response = client.post(
+            "/v1/embeddings", json={"model": ALIAS, "input": [f"x [[sim fault={fault}]]", "y"]}
+        )
+    assert response.status_code == 502
+    assert response.json()["error"]["code"] in ("upstream_protocol_error", "upstream_unavailable")
+    receipt = stack.receipt(response.headers["x-request-id"])
+    assert receipt["outcome"] in ("protocol_error", "incomplete")
+
+
+def test_a_hanging_embeddings_worker_times_out(stack: Stack) -> None:
+    with stack.client(timeout=10) as client:
+        response = client.post(
+            "/v1/embeddings", json={"model": ALIAS, "input": "x [[sim fault=hang]]"}
+        )
+    assert (response.status_code, response.json()["error"]["code"]) == (504, "upstream_timeout")
+
+
+def test_usage_source_is_marked_for_estimated_completions(stack: Stack) -> None:
+    with stack.client() as client:
+        completion = client.post(
+            "/v1/completions", json={"model": ALIAS, "prompt": "p [[sim chunks=3]]"}
+        )
+        chat = client.post(
+            "/v1/chat/completions",
+            json={"model": ALIAS, "messages": [{"role": "user", "content": "c"}]},
+        )
+    assert completion.headers["x-usage-source"] == "estimated"
+    assert chat.headers["x-usage-source"] == "reported"
+
+
+def test_a_streamed_response_can_be_retrieved_from_the_gateways_copy(stack: Stack) -> None:
+    acme = _sdk(stack)
+    events = list(acme.responses.create(model=ALIAS, input="s [[sim chunks=2]]", stream=True))
+    assert isinstance(events[-1], ResponseCompletedEvent)
+    final = events[-1].response
+    before = len(stack.sim.requests())
+    fetched = acme.responses.retrieve(final.id)
+    assert fetched.model_dump() == final.model_dump()
+    assert len(stack.sim.requests()) == before, "answered from the kept copy"
+    # Without store, nothing is kept: GET goes to the worker, which kept nothing either.
+    unstored = acme.responses.create(model=ALIAS, input="u", store=False)
+    with pytest.raises(openai.NotFoundError):
+        acme.responses.retrieve(unstored.id)
