@@ -57,7 +57,13 @@ def running_engine_stack(
     directory: Path, adapter: EngineAdapter, **sections: Any
 ) -> Iterator[EngineStack]:
     """A gateway (in-process uvicorn) in front of ``adapter``; ``sections`` as ``write_config``."""
-    upstream = {"route": adapter.route, **sections.pop("upstream", {})}
+    # The engine keeps both cores busy while it decodes: a readiness poll may
+    # take longer than the simulator's one second.
+    upstream = {
+        "route": adapter.route,
+        "readiness_timeout_s": 10,
+        **sections.pop("upstream", {}),
+    }
     config = write_config(
         directory,
         upstream_port=adapter.port,
