@@ -86,6 +86,7 @@ CORPUS = [
     # logprobs (top 2)
     Case(HELLO, 12, logprobs=True), Case(SAY, 40, logprobs=True), Case(ABC, 128, logprobs=True),
     Case(HELLO, 40, bias=(("eos", 0.2),), logprobs=True),
+    Case(SAY, 4, bias=(("eos", 100),), logprobs=True),
     Case(SAY, 40, stop=((10, 13),), logprobs=True), Case(HELLO, 40, stop=("da",), logprobs=True),
 ]  # fmt: skip
 
