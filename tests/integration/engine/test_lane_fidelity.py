@@ -93,10 +93,15 @@ CORPUS = [
 
 def _body(lane: EngineStack, case: Case) -> dict[str, Any]:
     route = lane.adapter.route
-    body = chat_body(messages=[{"role": "user", "content": case.prompt}], max_tokens=case.max_tokens)
+    messages = [{"role": "user", "content": case.prompt}]
+    body = chat_body(messages=messages, max_tokens=case.max_tokens)
     if case.bias:
         body["logit_bias"] = {
-            str(modelgen.eos_token_id(route) if t == "eos" else modelgen.byte_token_id(route, t)): b
+            str(
+                modelgen.eos_token_id(route)
+                if t == "eos"
+                else modelgen.byte_token_id(route, int(t))
+            ): b
             for t, b in case.bias
         }
     if case.logprobs:

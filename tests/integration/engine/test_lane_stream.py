@@ -106,9 +106,9 @@ def test_the_receipts_usage_is_the_final_chunks_every_field(lane: EngineStack) -
         stream=True,
         stream_options={"include_usage": True},
     )
-    chunks = [chunk.to_dict() for chunk in raw.parse()]
+    chunks: list[dict[str, Any]] = [chunk.to_dict() for chunk in raw.parse()]
     final = chunks[-1]
-    usage = final["usage"]
+    usage: dict[str, Any] = final["usage"]
     assert final["choices"][0]["finish_reason"] == "length"
     assert all(chunk["usage"] is None for chunk in chunks[:-1])
     receipt = lane.receipt(raw.headers["x-request-id"])
