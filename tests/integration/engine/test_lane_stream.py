@@ -97,16 +97,16 @@ def test_the_caller_gets_the_workers_bytes_with_the_alias(lane: EngineStack) -> 
 
 def test_the_receipts_usage_is_the_final_chunks_every_field(lane: EngineStack) -> None:
     # The official SDK as the caller; its raw response gives the request id.
-    client = lane.openai()
-    raw = client.chat.completions.with_raw_response.create(
-        model=ALIAS,
-        messages=[{"role": "user", "content": "hello"}],
-        max_tokens=20,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    chunks: list[dict[str, Any]] = [chunk.to_dict() for chunk in raw.parse()]
+    with lane.openai() as client:
+        raw = client.chat.completions.with_raw_response.create(
+            model=ALIAS,
+            messages=[{"role": "user", "content": "hello"}],
+            max_tokens=20,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks: list[dict[str, Any]] = [chunk.to_dict() for chunk in raw.parse()]
     final = chunks[-1]
     usage: dict[str, Any] = final["usage"]
     assert final["choices"][0]["finish_reason"] == "length"
