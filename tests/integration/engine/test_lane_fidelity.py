@@ -171,6 +171,10 @@ def _diffs(ours: dict[str, Any], theirs: dict[str, Any], streamed: int) -> tuple
         diffs.append(f"message {mine['message']!r} vs {message!r}")
     lp_diffs, unstreamed = _logprob_diffs(mine.get("logprobs"), engine.get("logprobs"), streamed)
     diffs += lp_diffs
+    # one engine entry per generated token: the missing ones are what the stream lacked
+    engine_lp = engine.get("logprobs")
+    if engine_lp is not None and len(engine_lp["content"]) != theirs["usage"]["completion_tokens"]:
+        diffs.append("the engine's logprobs are not one per token")
     usage, their_usage = ours["usage"], theirs["usage"]
     if list(usage) != list(their_usage):
         diffs.append(f"usage keys {list(usage)} vs {list(their_usage)}")
