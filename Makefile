@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup lint test demo bench soak fuzz clean redis-server
+.PHONY: setup lint test demo demo-engine bench soak fuzz clean redis-server
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ test: lint redis-server
 
 demo: setup
 	$(BIN)/mistralrs-gateway demo
+
+# The same with real inference: the mistral.rs engine (adapter, test equipment)
+# on a generated random-weight model; its text means nothing.
+demo-engine: setup
+	$(BIN)/mistralrs-gateway demo --engine
 
 bench: setup
 	$(BIN)/python -m bench.run

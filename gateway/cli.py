@@ -125,6 +125,10 @@ def cmd_evidence_add(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.engine:
+        from gateway.demo_engine import run_engine_demo
+
+        return run_engine_demo(args.model_size, args.max_tokens)
     from gateway.demo import run_demo
 
     return run_demo()
@@ -175,6 +179,15 @@ def build_parser() -> argparse.ArgumentParser:
     add.set_defaults(func=cmd_evidence_add)
 
     p = verbs.add_parser("demo", help="simulator + gateway + one multimodal request")
+    p.add_argument(
+        "--engine",
+        action="store_true",
+        help="instead: the real mistral.rs engine on a generated random-weight model "
+        "(test equipment, needs the engine extra) + gateway + one streaming and one "
+        "non-streaming text request",
+    )
+    p.add_argument("--model-size", choices=("tiny", "small"), default="small")
+    p.add_argument("--max-tokens", type=int, default=128)
     p.set_defaults(func=cmd_demo)
 
     # The simulator parses its own flags (its --help lists them). A REMAINDER

@@ -30,7 +30,10 @@ reasoning) is bounded by ``max_text_bytes``.
 set back to the alias, usage removed unless asked for) or, for a
 non-streaming caller, into the answer the worker would have given
 non-streamed (:func:`worker_text` is that rule, read in the worker's source:
-``mistralrs-core/src/pipeline/sampling.rs`` ``finish_or_add_toks_to_seq``).
+``mistralrs-core/src/pipeline/sampling.rs`` ``finish_or_add_toks_to_seq``, and
+checked against the 0.9.5 engine, ``docs/engine-lane.md``): the text, the
+choice's keys in the worker's order, logprobs entries as the non-streaming
+path writes them (:func:`answer_logprob`).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ __all__ = [
     "SSEValidator",
     "StreamRules",
     "StreamState",
+    "answer_logprob",
     "worker_text",
 ]
 
@@ -365,22 +369,59 @@ RUST_WHITESPACE = (
 
 
 def worker_text(
-    streamed: str, finish_reason: str | None, stops: Sequence[str], *, trimmed: bool = True
+    streamed: str,
+    finish_reason: str | None,
+    stops: Sequence[str],
+    *,
+    tail: int | None = None,
+    trimmed: bool = True,
 ) -> str:
     """The text the worker answers non-streamed, from what it streamed.
 
     The worker's non-streaming path (``finish_or_add_toks_to_seq``) takes the
-    completion up to where a stop string begins (a stream has already sent the
-    stop string and one token after it) and trims leading whitespace
+    completion up to where a stop string begins and trims leading whitespace
     (``trim_start``, nothing at the end). With a reasoning parser active it
     trims nothing (``trimmed=False``).
+
+    Where the stream stops differs by release. 0.9.5 streams the text before
+    the stop string and names it (``stop_sequence``): nothing to cut. Releases
+    without ``stop_sequence`` (0.9.2) check stop strings before adding each
+    token, so the stream has already carried the stop string and the one
+    token decoded after it: cut at the first stop string whose end lies in the
+    last ``tail`` characters (the text of the stream's last two content
+    chunks; ``None``: anywhere). A ``stop`` finish that was EOS or a stop token
+    (a single-token stop string) may hold a requested stop string earlier in
+    the text, which the engine did not stop on (one spelled with other tokens,
+    or one with U+FFFD matching a replaced invalid byte): that one stays.
     """
     text = streamed
     if finish_reason == "stop" and stops:
-        found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
-        if found:
-            text = text[: min(found)]
+        earliest = 0 if tail is None else len(text) - tail
+        found = [(text.find(s), s) for s in stops if s]
+        cuts = [i for i, s in found if i >= 0 and i + len(s) > earliest]
+        if cuts:
+            text = text[: min(cuts)]
     return text.lstrip(RUST_WHITESPACE) if trimmed else text
+
+
+def answer_logprob(entry: Any) -> Any:
+    """One streamed logprob entry as the worker's non-streaming answer writes it.
+
+    A chunk's ``bytes`` are the token's raw bytes, cut where the stream's text
+    ends (a byte-fallback token is ``[249]``, a token holding the start of a stop
+    string only that part); the non-streaming answer writes the UTF-8 of its
+    ``token`` text (``[239, 191, 189]`` for U+FFFD, the whole token).
+    """
+    if not isinstance(entry, dict):
+        return entry
+    token = entry.get("token")
+    if not isinstance(token, str) or not isinstance(entry.get("bytes"), list):
+        return entry
+    try:
+        encoded = token.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: leave the worker's bytes
+        return entry
+    return {**entry, "bytes": list(encoded)}
 
 
 def _stops(body: dict[str, Any]) -> list[str]:
@@ -424,6 +465,7 @@ class ChunkDialect:
         self.include_usage = plan.include_usage
         self.collect = collect
         self.stops = _stops(plan.body)
+        self.logprobs_asked = kind == "chat" and plan.body.get("logprobs") is True
         self.has_content = False
         self.content_chunks = 0
         # Only a non-streaming caller needs the text kept: its answer is
@@ -491,20 +533,30 @@ class ChunkDialect:
         )
 
     def answer(self, usage: dict[str, Any]) -> dict[str, Any]:
-        """The OpenAI JSON object for a non-streaming caller (spec §9, §14)."""
+        """The OpenAI JSON object for a non-streaming caller (spec §9, §14), keys
+        in the worker's order (``stop_sequence`` after ``finish_reason``)."""
         grammar = self.validator.grammar
         finish = grammar.finish_reason
-        stops = [self._stop_sequence] if isinstance(self._stop_sequence, str) else self.stops
+        named = isinstance(self._stop_sequence, str)
+        # A named stop string was not streamed (0.9.5); see worker_text.
+        stops = () if named else self.stops
+        tail = sum(len(t) for t in self._text[-2:])
         # A reasoning parser on the worker trims nothing (its answer is the parser's).
-        text = worker_text("".join(self._text), finish, stops, trimmed=not self._reasoning)
-        choice: dict[str, Any] = {"finish_reason": finish, "index": 0}
+        text = worker_text(
+            "".join(self._text), finish, stops, tail=tail, trimmed=not self._reasoning
+        )
+        choice: dict[str, Any] = {"finish_reason": finish}
+        if self._stop_sequence is not None:
+            choice["stop_sequence"] = self._stop_sequence
+        choice["index"] = 0
         if self.kind == "completion":
             choice["text"] = text
         else:
             choice["message"] = self._message(text)
-        choice["logprobs"] = {"content": self._logprobs} if self._logprobs else None
-        if self._stop_sequence is not None:
-            choice["stop_sequence"] = self._stop_sequence
+        logprobs = [answer_logprob(entry) for entry in self._logprobs]
+        # Asked for, the worker answers the object even when the stream carried no
+        # entry (e.g. only EOS, whose chunk has none).
+        choice["logprobs"] = {"content": logprobs} if logprobs or self.logprobs_asked else None
         return {
             "id": grammar.chunk_id,
             "choices": [choice],

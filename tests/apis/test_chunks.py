@@ -14,7 +14,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.apis.chunks import Chunk, SSEValidator, StreamRules, StreamState
+from gateway.apis.base import Plan, StreamBounds
+from gateway.apis.chunks import (
+    Chunk,
+    ChunkDialect,
+    SSEValidator,
+    StreamRules,
+    StreamState,
+    answer_logprob,
+)
 from gateway.errors import GatewayError
 from gateway.sse import NEED_DATA, Done, KeepAlive
 from tests.support.sse import MODEL, chunk, event, usage
@@ -583,3 +591,112 @@ def test_rules_refuse_nonsense(bad: dict[str, Any]) -> None:
 
 
 # Fuzzing (random and mutated bytes, split anywhere, bounded memory): tests/fuzz/test_sse_fuzz.py
+
+
+# -- the non-streaming answer (ChunkDialect.answer), as the worker writes it ----
+# Each rule below was found on the real engine by the lane's fidelity test
+# (tests/integration/engine/test_lane_fidelity.py, docs/engine-lane.md).
+
+
+def _answer(*chunks: dict[str, Any], **body: Any) -> dict[str, Any]:
+    """Feed a chat stream (the chunks, then [DONE]) to a collecting dialect; its answer."""
+    plan = Plan(
+        endpoint="chat.completions",
+        alias="alias",
+        body={"messages": [], **body},
+        stream=False,
+        include_usage=False,
+        max_tokens=64,
+        prompt_bytes=1,
+        nonce="n",
+    )
+    dialect = ChunkDialect("chat", plan, StreamBounds(), collect=True)
+    dialect.source.receive_data(b"".join(event(c) for c in chunks) + b"data: [DONE]\n\n")
+    dialect.source.receive_data(b"")
+    while not isinstance(event_ := dialect.source.next_event(), Done):
+        assert event_ is not NEED_DATA
+        if isinstance(event_, Chunk):
+            assert dialect.on_item(event_) is None
+    return dialect.answer(usage())
+
+
+def _finish(content: str = "", finish: str = "stop", **choice: Any) -> dict[str, Any]:
+    final = chunk(content, finish, usage())
+    final["choices"][0].update(choice)
+    return final
+
+
+def _content(answer: dict[str, Any]) -> Any:
+    return answer["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize(
+    ("streamed", "expected"),
+    [
+        ("\n\n\r x ", "x "),  # leading whitespace trimmed, trailing kept
+        ("\r\r\r", ""),  # CR-only
+        ("\x1c\x1f x", "\x1c\x1f x"),  # U+001C..1F: whitespace to Python, not to Rust
+        ("\x85\xa0\u3000x\u2028", "x\u2028"),  # Unicode White_Space, as Rust's trim_start
+        ("\x00 x", "\ufffd x"),  # NUL is no whitespace (and is replaced by default)
+    ],
+)
+def test_the_answer_trims_leading_whitespace_as_rust_does(streamed: str, expected: str) -> None:
+    pieces = [chunk(c) for c in streamed]
+    assert _content(_answer(*pieces, _finish(finish="length"))) == expected
+
+
+def test_a_named_stop_sequence_goes_after_the_finish_reason_and_nothing_is_cut() -> None:
+    # 0.9.5 streams the text before the stop string and names it.
+    answer = _answer(chunk("a\ufffd"), chunk(" b"), _finish(" c", stop_sequence="\ufffd"))
+    (choice,) = answer["choices"]
+    assert list(choice) == ["finish_reason", "stop_sequence", "index", "message", "logprobs"]
+    assert (choice["stop_sequence"], _content(answer)) == ("\ufffd", "a\ufffd b c")
+    assert list(answer) == [
+        "id", "choices", "created", "model", "system_fingerprint", "object", "usage",
+    ]  # fmt: skip
+
+
+def test_an_unnamed_stop_string_streamed_at_the_end_is_cut() -> None:
+    # 0.9.2: the stream carries the stop string and the one token after it.
+    answer = _answer(
+        chunk("one "), chunk("two "), chunk("EN"), chunk("D"), _finish(" x"), stop="END"
+    )
+    assert _content(answer) == "one two "
+    assert "stop_sequence" not in answer["choices"][0]
+    later = _answer(chunk("a"), chunk("ST"), chunk("OP"), _finish(), stop=["zz", "STOP"])
+    assert _content(later) == "a"  # the stop string's end in the last two content chunks
+
+
+def test_a_stop_string_earlier_in_an_eos_answer_stays() -> None:
+    # EOS (or a stop token) ended it: the engine did not stop on the requested
+    # "\ufffd" (it matches raw bytes, not the U+FFFD of a replaced invalid byte).
+    pieces = [chunk("po\ufffd"), chunk(" pode"), chunk(" rika"), chunk(" misor")]
+    answer = _answer(*pieces, _finish(""), stop=["\ufffd"])
+    assert _content(answer) == "po\ufffd pode rika misor"
+    assert answer["choices"][0]["finish_reason"] == "stop"
+    assert (
+        _content(_answer(*pieces, _finish(finish="length"), stop="po"))
+        == "po\ufffd pode rika misor"
+    )
+
+
+def _logprob(token: str, raw: list[int]) -> dict[str, Any]:
+    top = [{"token": 7, "logprob": -1.5, "bytes": token}]
+    return {"token": token, "logprob": -1.5, "bytes": raw, "top_logprobs": top}
+
+
+def test_logprobs_bytes_are_the_tokens_utf8_as_the_non_streaming_answer_writes_them() -> None:
+    first, second = chunk("\ufffd"), chunk(" r")
+    first["choices"][0]["logprobs"] = _logprob("\ufffd", [249])  # a byte-fallback token
+    second["choices"][0]["logprobs"] = _logprob(" rika", [32, 114])  # cut by a stop string
+    answer = _answer(first, second, _finish(stop_sequence="ika"), logprobs=True, top_logprobs=1)
+    assert answer["choices"][0]["logprobs"] == {
+        "content": [_logprob("\ufffd", [239, 191, 189]), _logprob(" rika", list(b" rika"))]
+    }
+    assert answer_logprob({"token": "x", "bytes": None}) == {"token": "x", "bytes": None}
+
+
+def test_logprobs_asked_for_give_the_object_even_without_entries() -> None:
+    # A forced EOS: one chunk, logprobs null; the engine's answer has {"content": [...]}.
+    assert _answer(_finish(), logprobs=True)["choices"][0]["logprobs"] == {"content": []}
+    assert _answer(_finish())["choices"][0]["logprobs"] is None

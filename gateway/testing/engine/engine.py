@@ -1,10 +1,19 @@
 """One ``mistralrs.Runner`` and the bounded threads that talk to it (test equipment).
 
-Theory of operation: the SDK is synchronous. Every engine call runs on one
-bounded thread pool, so the event loop never blocks (the SDK releases the GIL
-while it waits for the engine). A stream is the SDK's ``ChatCompletionStreamer``;
-:class:`ChunkStream` asks it for one chunk at a time, so at most one call per
-stream is in flight and a slow reader slows the asking, not the loop.
+Theory of operation: the SDK is synchronous. No engine call runs on the
+event loop (the SDK releases the GIL while it waits for the engine). A stream
+is the SDK's ``ChatCompletionStreamer``; :class:`ChunkStream` asks it for one
+chunk at a time on a bounded thread pool, so at most one call per stream is in
+flight and a slow reader slows the asking, not the loop.
+
+The ``Runner`` is one pyo3 object whose request methods borrow it mutably for
+the whole call: a second call on it meanwhile (another request, or even
+``list_models_with_status``) fails with ``RuntimeError: Already borrowed``, and
+a non-streaming call holds it until its answer is complete. So every call on
+the Runner runs on one thread of its own, one after another (a non-streaming
+request delays the start of any other request until it is answered; streams
+already started go on, their streamers are objects of their own), and the
+model's status is read once, at load (this adapter never unloads it).
 
 Cancellation: the engine decodes into a channel of 10,000 responses, so a
 streamer that is merely not read keeps decoding. What stops it is dropping the
@@ -58,11 +67,14 @@ class Engine:
         self.load_seconds = time.monotonic() - started
         self.created = int(time.time())
         self.open_streamers = 0
+        self._statuses = [tuple(s) for s in self._runner.list_models_with_status()]
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="engine")
+        # the Runner's own thread: its calls one at a time (see the module docstring)
+        self._runner_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="runner")
 
     def statuses(self) -> list[tuple[str, str]]:
-        """``(model id, status)`` for every model the runner knows."""
-        return list(self._runner.list_models_with_status())
+        """``(model id, status)`` for every model the runner knows (read at load)."""
+        return [(str(model_id), str(status)) for model_id, status in self._statuses]
 
     async def chat(self, request: mistralrs.ChatCompletionRequest) -> Any:
         """A non-streaming chat answer, from the SDK's own non-streaming call."""
@@ -79,12 +91,14 @@ class Engine:
         return ChunkStream(self, streamer)
 
     def close(self) -> None:
+        self._runner_thread.shutdown(wait=False, cancel_futures=True)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        """One call on the Runner, on its own thread."""
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._pool, fn, *args)
+            return await loop.run_in_executor(self._runner_thread, fn, *args)
         except ValueError as exc:
             raise EngineError(str(exc)) from exc
 
