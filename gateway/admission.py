@@ -82,6 +82,7 @@ from gateway.policy import MEDIA_MODALITIES, Cost
 
 __all__ = [
     "Admission",
+    "AdmissionGroup",
     "FairQueueCore",
     "Permit",
     "Ticket",
@@ -151,13 +152,16 @@ class _TenantQueue:
 class FairQueueCore:
     """The pure scheduler; see the module docstring."""
 
-    def __init__(self, capacity: int, max_queue: int) -> None:
+    def __init__(self, capacity: int, max_queue: int, shared: dict[str, int] | None = None) -> None:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
         if max_queue < 0:
             raise ValueError("max_queue must not be negative")
         self.capacity = capacity
         self.max_queue = max_queue
+        #: units each tenant holds in every pool sharing this dict (its max_permits
+        #: counts across them); None: this pool alone
+        self._shared = shared
         self._in_use = 0
         self._queued_units = 0
         self._vtime = 0.0
@@ -187,6 +191,16 @@ class FairQueueCore:
     def held(self, tenant: str) -> int:
         queue = self._tenants.get(tenant)
         return 0 if queue is None else queue.held
+
+    def _held_everywhere(self, tenant: str, queue: _TenantQueue) -> int:
+        """What counts against the tenant's max_permits: this pool's units, or
+        every sharing pool's."""
+        return queue.held if self._shared is None else self._shared.get(tenant, 0)
+
+    def touch(self, tenant: str) -> None:
+        """Another sharing pool released the tenant's units: its capped head may go."""
+        if tenant in self._tenants:
+            self._dirty.add(tenant)
 
     def retry_after_s(self) -> int:
         if self._mean_hold_s is None:
@@ -246,6 +260,8 @@ class FairQueueCore:
             return
         queue = self._tenants[ticket.tenant]
         queue.held -= ticket.weight
+        if self._shared is not None:
+            self._shared[ticket.tenant] -= ticket.weight
         self._in_use -= ticket.weight
         if ticket.granted_at is not None:
             hold = max(0.0, now - ticket.granted_at)
@@ -294,7 +310,9 @@ class FairQueueCore:
             if queue.held == 0 and queue.finish <= self._vtime:
                 del self._tenants[tenant]
             return
-        if head.seq == queue.offered or queue.held + head.weight > head.max_permits:
+        if head.seq == queue.offered or (
+            self._held_everywhere(tenant, queue) + head.weight > head.max_permits
+        ):
             return  # already offered, or capped: offered again on its release
         queue.offered = head.seq
         heapq.heappush(self._turns, (max(self._vtime, queue.finish), head.seq, tenant))
@@ -303,6 +321,8 @@ class FairQueueCore:
         ticket.state = TicketState.HELD
         ticket.granted_at = now
         queue.held += ticket.weight
+        if self._shared is not None:
+            self._shared[ticket.tenant] = self._shared.get(ticket.tenant, 0) + ticket.weight
         self._in_use += ticket.weight
         self._granted.append(ticket)
 
@@ -320,7 +340,7 @@ class FairQueueCore:
                 if queue is not None and queue.offered == seq:
                     queue.offered = -1
                 continue
-            if queue.held + head.weight > head.max_permits:
+            if self._held_everywhere(tenant, queue) + head.weight > head.max_permits:
                 heapq.heappop(turns)  # capped since offered
                 queue.offered = -1
                 continue
@@ -375,10 +395,14 @@ class Admission:
         max_queue: int,
         clock: Callable[[], float] = time.monotonic,
         on_change: Callable[[int, int], None] | None = None,
+        *,
+        shared: dict[str, int] | None = None,
+        on_release: Callable[[str], None] | None = None,
     ) -> None:
-        self._core = FairQueueCore(capacity, max_queue)
+        self._core = FairQueueCore(capacity, max_queue, shared)
         self._clock = clock
         self._on_change = on_change
+        self._on_release = on_release
         self._waiters: dict[Ticket, asyncio.Future[bool]] = {}
         self._timers: dict[Ticket, asyncio.TimerHandle] = {}
 
@@ -453,11 +477,21 @@ class Admission:
         elif ticket.state is TicketState.HELD:
             # Granted, but the task was cancelled before it could take the
             # permit: nobody else will ever release these units.
-            self._core.release(ticket, self._clock())
+            self._give_back(ticket)
         self._dispatch()
 
     def _release(self, ticket: Ticket) -> None:
+        self._give_back(ticket)
+        self._dispatch()
+
+    def _give_back(self, ticket: Ticket) -> None:
         self._core.release(ticket, self._clock())
+        if self._on_release is not None and ticket.weight:
+            self._on_release(ticket.tenant)
+
+    def wake(self, tenant: str) -> None:
+        """The tenant's units came back in a sharing pool: its heads here may go."""
+        self._core.touch(tenant)
         self._dispatch()
 
     def _dispatch(self) -> None:
@@ -466,8 +500,58 @@ class Admission:
                 future = self._waiters.get(ticket)
                 if future is None or future.done():
                     # Its task was cancelled while the grant was being made.
-                    self._core.release(ticket, self._clock())
+                    self._give_back(ticket)
                 else:
                     future.set_result(True)
         if self._on_change is not None:
             self._on_change(self._core.in_use, self._core.queue_depth)
+
+
+class AdmissionGroup:
+    """One :class:`Admission` per upstream (its ``capacity``), a tenant's
+    ``max_permits`` counted across all of them (spec §16).
+
+    Fair queuing stays within each upstream. When a tenant's units come back
+    in one pool, the others re-offer that tenant's waiting heads (they may
+    have been capped by units held elsewhere)."""
+
+    def __init__(
+        self,
+        capacities: dict[str, int],
+        max_queue: int,
+        clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[str, int, int], None] | None = None,
+    ) -> None:
+        self.held: dict[str, int] = {}
+        self.pools: dict[str, Admission] = {}
+        for name, capacity in capacities.items():
+            report = None
+            if on_change is not None:
+                report = _reporter(on_change, name)
+            self.pools[name] = Admission(
+                capacity,
+                max_queue,
+                clock,
+                report,
+                shared=self.held,
+                on_release=self._released_in(name),
+            )
+
+    def __getitem__(self, upstream: str) -> Admission:
+        return self.pools[upstream]
+
+    @property
+    def in_use(self) -> int:
+        return sum(pool.in_use for pool in self.pools.values())
+
+    def _released_in(self, source: str) -> Callable[[str], None]:
+        def released(tenant: str) -> None:
+            for name, pool in self.pools.items():
+                if name != source:
+                    pool.wake(tenant)
+
+        return released
+
+
+def _reporter(on_change: Callable[[str, int, int], None], name: str) -> Callable[[int, int], None]:
+    return lambda in_use, depth: on_change(name, in_use, depth)

@@ -199,7 +199,8 @@ def create_app(loaded: Loaded) -> GatewayApp:
         runtime = await build_runtime(loaded)
         app.state.runtime = runtime
         await start_background(runtime)
-        await runtime.readiness.wait_first_poll(config.upstream.readiness_timeout_s + 0.5)
+        first_poll = max(u.readiness_timeout_s for u in config.workers) + 0.5
+        await runtime.readiness.wait_first_poll(first_poll)
         try:
             yield
         finally:

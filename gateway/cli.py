@@ -40,7 +40,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     load_key_set(loaded.config.auth, os.environ)
     config = loaded.config
     print(f"config: {args.config}: ok")
-    print(f"upstream: {config.upstream.base_url} route {config.upstream.route}")
+    for upstream in config.workers:
+        routes = ", ".join(upstream.served_routes)
+        capacity = upstream.capacity or config.admission.capacity
+        print(
+            f"upstream {upstream.name}: {upstream.base_url} capacity {capacity} "
+            f"probe {'on' if upstream.probe else 'off'} routes [{routes}]"
+        )
     print(
         f"admission: capacity {config.admission.capacity}, max_queue {config.admission.max_queue}"
     )

@@ -66,16 +66,62 @@ class ListenConfig(Model):
     max_header_bytes: Annotated[int, Field(ge=4096, le=1_048_576)] = 32_768
 
 
-class LaunchConfig(Model):
-    """The pinned worker (spec §11, §12 "Launch contract")."""
+def _digest_addressed(model_dir: str, bundle: str) -> None:
+    if not model_dir.startswith("/"):
+        # A relative -m that is not a local folder is read as a hub id (and downloaded).
+        raise ValueError("model_dir must be an absolute path")
+    if model_dir.rstrip("/").rsplit("/", 1)[-1] != bundle:
+        raise ValueError("model_dir must end with /<model_bundle_sha256>")
 
-    version: Annotated[str, Field(pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$")]
-    binary_sha256: Hex64
+
+def _quantized_file(format: str, quantized_file: str | None) -> None:
+    if format == "plain" and quantized_file is not None:
+        raise ValueError("quantized_file is only for format gguf or ggml")
+    if format != "plain" and quantized_file is None:
+        raise ValueError(f"format {format} needs quantized_file (the file name inside model_dir)")
+    if quantized_file is not None and ("/" in quantized_file or quantized_file.startswith(".")):
+        raise ValueError("quantized_file is a file name inside model_dir, not a path")
+
+
+class ModelLaunch(Model):
+    """One model of a multi-model worker (``mistralrs from-config``)."""
+
     model_public_id: str
     model_revision: Annotated[str, Field(min_length=1)]
     model_bundle_sha256: Hex64
     model_dir: str
     format: Literal["plain", "gguf", "ggml"] = "plain"
+    #: gguf/ggml: the model file's name inside model_dir (``-f``)
+    quantized_file: str | None = None
+    kind: Literal["auto", "text", "multimodal", "embedding"] = "auto"
+
+    @model_validator(mode="after")
+    def _checks(self) -> ModelLaunch:
+        _digest_addressed(self.model_dir, self.model_bundle_sha256)
+        _quantized_file(self.format, self.quantized_file)
+        return self
+
+
+class LaunchConfig(Model):
+    """The pinned worker (spec §11, §12 "Launch contract", §16).
+
+    One model (``model_*`` fields, ``mistralrs serve``), or several
+    (``models``, ``mistralrs from-config`` with a generated TOML file)."""
+
+    version: Annotated[str, Field(pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$")]
+    binary_sha256: Hex64
+    model_public_id: str | None = None
+    model_revision: Annotated[str, Field(min_length=1)] | None = None
+    model_bundle_sha256: Hex64 | None = None
+    model_dir: str | None = None
+    format: Literal["plain", "gguf", "ggml"] = "plain"
+    #: gguf/ggml: the model file's name inside model_dir (``-f/--quantized-file``)
+    quantized_file: str | None = None
+    #: a multi-model worker's models, each served under its model_dir
+    models: list[ModelLaunch] | None = None
+    #: where the pod mounts the generated from-config TOML (multi-model only;
+    #: default /etc/mistralrs/models.toml)
+    config_path: str | None = None
     port: Annotated[int, Field(ge=1, le=65535)] = 1234
     max_seqs: PositiveInt = 8
     max_seq_len: PositiveInt = 4096
@@ -87,23 +133,72 @@ class LaunchConfig(Model):
     device: Literal["cpu", "cuda", "metal"] = "cpu"
 
     @model_validator(mode="after")
-    def _digest_addressed(self) -> LaunchConfig:
-        if not self.model_dir.startswith("/"):
-            # A relative -m that is not a local folder is read as a hub id (and downloaded).
-            raise ValueError("model_dir must be an absolute path")
-        if self.model_dir.rstrip("/").rsplit("/", 1)[-1] != self.model_bundle_sha256:
-            raise ValueError("model_dir must end with /<model_bundle_sha256>")
+    def _one_or_many(self) -> LaunchConfig:
+        single = (
+            self.model_public_id,
+            self.model_revision,
+            self.model_bundle_sha256,
+            self.model_dir,
+        )
+        if self.models is not None:
+            if any(v is not None for v in single) or self.quantized_file is not None:
+                raise ValueError("give either the model_* fields or models, not both")
+            if not self.models:
+                raise ValueError("models must name at least one model")
+            dirs = [m.model_dir for m in self.models]
+            if len(dirs) != len(set(dirs)):
+                raise ValueError("each model of models needs its own model_dir")
+            return self
+        if any(v is None for v in single):
+            raise ValueError(
+                "a one-model launch needs model_public_id, model_revision, "
+                "model_bundle_sha256 and model_dir"
+            )
+        assert self.model_dir is not None and self.model_bundle_sha256 is not None
+        _digest_addressed(self.model_dir, self.model_bundle_sha256)
+        _quantized_file(self.format, self.quantized_file)
         return self
+
+    @property
+    def model_dirs(self) -> list[str]:
+        """The routes this launch serves (each model's ``model_dir``)."""
+        if self.models is not None:
+            return [m.model_dir for m in self.models]
+        assert self.model_dir is not None
+        return [self.model_dir]
 
     def version_tuple(self) -> tuple[int, int, int]:
         major, minor, patch = (int(p) for p in self.version.split("."))
         return major, minor, patch
 
 
+class ProbeConfig(Model):
+    """Semantic readiness (spec §16): a one-token request through the full validator."""
+
+    #: what the route serves: a streamed chat completion, or an embedding
+    kind: Literal["chat", "embeddings"] = "chat"
+    max_tokens: Annotated[int, Field(ge=1, le=16)] = 1
+    timeout_s: PositiveFloat = 30
+    prompt: Annotated[str, Field(min_length=1, max_length=256)] = "ping"
+
+
+UPSTREAM_NAME = r"^[a-z0-9-]{1,32}$"
+
+
 class UpstreamConfig(Model):
+    """One worker. ``upstream:`` (one worker, named ``default``, one ``route``)
+    or each entry of ``upstreams:`` (``name`` and ``routes``)."""
+
+    name: Annotated[str, Field(pattern=UPSTREAM_NAME)] = "default"
     base_url: str = "http://127.0.0.1:1234"
     allow_remote: bool = False
-    route: Annotated[str, Field(min_length=1)]
+    #: the one route of the ``upstream:`` shorthand
+    route: Annotated[str, Field(min_length=1)] | None = None
+    #: the exact routes this worker serves
+    routes: list[Annotated[str, Field(min_length=1)]] = []
+    #: this worker's admission permits (default: admission.capacity)
+    capacity: PositiveInt | None = None
+    probe: ProbeConfig | None = None
     connect_timeout_s: PositiveFloat = 2
     first_event_timeout_s: PositiveFloat = 120
     idle_timeout_s: PositiveFloat = 30
@@ -129,15 +224,25 @@ class UpstreamConfig(Model):
         return value.rstrip("/")
 
     @model_validator(mode="after")
-    def _loopback_unless_allowed(self) -> UpstreamConfig:
+    def _checks(self) -> UpstreamConfig:
         if not self.allow_remote and not is_loopback_host(urlsplit(self.base_url).hostname or ""):
             raise ValueError("base_url must be a loopback address unless allow_remote is true")
+        if (self.route is None) == (not self.routes):
+            raise ValueError("give exactly one of route (upstream:) or routes (upstreams:)")
+        if len(self.served_routes) != len(set(self.served_routes)):
+            raise ValueError("routes must be distinct")
         if self.launch is not None:
             if self.launch.port != self.port:
                 raise ValueError("launch.port must equal the port of base_url")
-            if self.launch.model_dir != self.route:
-                raise ValueError("launch.model_dir must equal route (the worker's --model-id)")
+            if sorted(self.launch.model_dirs) != sorted(self.served_routes):
+                raise ValueError(
+                    "launch's model_dir(s) must equal the routes (the worker's model ids)"
+                )
         return self
+
+    @property
+    def served_routes(self) -> list[str]:
+        return [self.route] if self.route is not None else list(self.routes)
 
     @property
     def framing(self) -> Framing:
@@ -342,7 +447,10 @@ class LimitsStoreConfig(Model):
 
 class GatewayConfig(Model):
     listen: ListenConfig = ListenConfig()
-    upstream: UpstreamConfig
+    #: one worker (the shorthand, named ``default``) ...
+    upstream: UpstreamConfig | None = None
+    #: ... or several (spec §16)
+    upstreams: list[UpstreamConfig] | None = None
     auth: AuthConfig = AuthConfig()
     policies_dir: RelPath = Path("policies")
     staging: StagingConfig = StagingConfig()
@@ -357,10 +465,42 @@ class GatewayConfig(Model):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> GatewayConfig:
-        # base64 grows bytes by 4/3; the forwarded body must fit the worker's limit.
+        if (self.upstream is None) == (self.upstreams is None):
+            raise ValueError("give exactly one of upstream (one worker) or upstreams")
+        if self.upstream is not None and self.upstream.routes:
+            raise ValueError("upstream (the one-worker form) takes route, not routes")
+        if self.upstreams is not None:
+            if not self.upstreams:
+                raise ValueError("upstreams must list at least one worker")
+            if any(u.route is not None for u in self.upstreams):
+                raise ValueError("each entry of upstreams takes routes, not route")
+            names = [u.name for u in self.upstreams]
+            if len(names) != len(set(names)):
+                raise ValueError("upstream names must be unique")
+            routes = [r for u in self.upstreams for r in u.served_routes]
+            if len(routes) != len(set(routes)):
+                raise ValueError("each route must be served by exactly one upstream")
+            ports = [u.launch.port for u in self.upstreams if u.launch is not None]
+            if len(ports) != len(set(ports)):
+                raise ValueError("each launched worker needs its own port")
+        # base64 grows bytes by 4/3; the forwarded body must fit every worker's limit.
         media = self.limits.max_media_bytes * 4 // 3
-        if self.staging.worker_media == "data_url" and media > self.upstream.max_request_bytes:
+        smallest = min(u.max_request_bytes for u in self.workers)
+        if self.staging.worker_media == "data_url" and media > smallest:
             raise ValueError(
                 "limits.max_media_bytes x 4/3 exceeds upstream.max_request_bytes (data_url mode)"
             )
         return self
+
+    @property
+    def workers(self) -> list[UpstreamConfig]:
+        """Every configured worker (``upstreams``, or the one ``upstream``)."""
+        if self.upstreams is not None:
+            return list(self.upstreams)
+        assert self.upstream is not None
+        return [self.upstream]
+
+    @property
+    def routes(self) -> dict[str, UpstreamConfig]:
+        """Route -> the worker serving it."""
+        return {route: u for u in self.workers for route in u.served_routes}

@@ -143,7 +143,7 @@ def _exchange(gateway: Gateway, secret: str) -> dict[str, Any]:
     receipt = wait_receipt(runtime.config.audit.path, stream["request_id"] or "", 10)
     return {
         "note": "upstream is the mistral.rs protocol SIMULATOR; its text is filler, not inference",
-        "launch": {"serve_identity": runtime.serve_identity},
+        "launch": {"serve_identity": runtime.table.worker_for(SIM_ROUTE).serve_identity},
         "evidence": evidence,
         "stream": stream,
         "receipt": receipt,

@@ -152,13 +152,15 @@ def load_policies(config: GatewayConfig) -> PolicySet:
 
 def config_warnings(config: GatewayConfig) -> list[str]:
     warnings = []
-    launch = config.upstream.launch
     file_url = config.staging.worker_media == "file_url"
-    if file_url and launch and launch.version_tuple() >= (0, 8, 18):
-        warnings.append(
-            "staging.worker_media: file_url needs a worker <= 0.8.17; "
-            f"upstream.launch.version is {launch.version} (file:// is refused there)"
-        )
+    for upstream in config.workers:
+        launch = upstream.launch
+        if file_url and launch and launch.version_tuple() >= (0, 8, 18):
+            warnings.append(
+                "staging.worker_media: file_url needs a worker <= 0.8.17; "
+                f"upstream {upstream.name}: launch.version is {launch.version} "
+                "(file:// is refused there)"
+            )
     if not config.auth.issuers:
         warnings.append("auth.issuers is empty: only static API keys can authenticate")
     return warnings

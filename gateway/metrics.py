@@ -59,10 +59,13 @@ class GatewayMetrics:
             registry=r,
         )
         self.permits_in_use = Gauge(
-            "gateway_permits_in_use", "Admission permit units held.", registry=r
+            "gateway_permits_in_use", "Admission permit units held.", ["upstream"], registry=r
         )
         self.queue_depth = Gauge(
-            "gateway_admission_queue_depth", "Requests waiting for permits.", registry=r
+            "gateway_admission_queue_depth",
+            "Requests waiting for permits.",
+            ["upstream"],
+            registry=r,
         )
         self.admission_wait = Histogram(
             "gateway_admission_wait_seconds",
@@ -77,7 +80,10 @@ class GatewayMetrics:
             registry=r,
         )
         self.upstream_ready = Gauge(
-            "gateway_upstream_ready", "1 while the worker reports the route loaded.", registry=r
+            "gateway_upstream_ready",
+            "1 while the route is ready (listed loaded once, probe passed).",
+            ["upstream", "route"],
+            registry=r,
         )
         self.leases_active = Gauge(
             "gateway_evidence_leases_active", "Evidence leases held by requests.", registry=r
@@ -135,9 +141,9 @@ class GatewayMetrics:
         if error_code is not None:
             self.child(self.rejections, tenant, error_code).inc()
 
-    def on_admission_change(self, in_use: int, queue_depth: int) -> None:
-        self.permits_in_use.set(in_use)
-        self.queue_depth.set(queue_depth)
+    def on_admission_change(self, upstream: str, in_use: int, queue_depth: int) -> None:
+        self.child(self.permits_in_use, upstream).set(in_use)
+        self.child(self.queue_depth, upstream).set(queue_depth)
 
     # StoreMetrics (gateway.ratelimit.base): the limits store reports here.
     def limits_store_call(self, op: str, seconds: float) -> None:

@@ -64,6 +64,7 @@ from gateway.ratelimit import Hold, TenantLimits
 from gateway.receipts import Receipt
 from gateway.relay import Relay, Timeouts
 from gateway.runtime import Runtime
+from gateway.upstream.table import Worker
 
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -85,6 +86,8 @@ class _Call:
     exchange: Exchange
     facts: Facts = field(default_factory=Facts)
     plan: Plan | None = None
+    #: the route's worker, resolved once after planning
+    worker: Worker | None = None
     permit: Permit | None = None
     reservation: Hold | None = None
     # Callers choose x-request-id (and may repeat it); leases need a key of our own.
@@ -134,7 +137,7 @@ class InferenceEndpoint:
             tenant=tenant.name,
             subject=principal.subject,
             endpoint=self.api.name,
-            serve_identity=rt.serve_identity,
+            serve_identity=None,
             created=time.time(),
         )
         exchange = Exchange(abort=scope.get("extensions", {}).get(ABORT_EXTENSION))
@@ -167,6 +170,8 @@ class InferenceEndpoint:
                 parse_json(body, tenant.limits.max_json_depth),
                 PlanContext(tenant, os.urandom(8).hex()),
             )
+            call.plan = plan
+            self._resolve(call, plan)
         except ClientDisconnected:
             call.exchange.disconnected = True
             return
@@ -174,13 +179,6 @@ class InferenceEndpoint:
             call.fail(exc)
             await send_error(call.send, exc, info)
             return
-        call.plan = plan
-        receipt = call.receipt
-        receipt.model_alias = plan.alias
-        receipt.route = tenant.policy.models[plan.alias]
-        receipt.max_tokens = plan.max_tokens
-        receipt.stream = plan.stream
-        receipt.dropped_parts = list(plan.dropped_parts)
 
         watcher = asyncio.create_task(watch_disconnect(receive, call.exchange))
         try:
@@ -195,8 +193,26 @@ class InferenceEndpoint:
         finally:
             watcher.cancel()
 
+    def _resolve(self, call: _Call, plan: Plan) -> None:
+        """The route's worker, once for the whole request (spec §16): a reload that
+        moves the alias later does not move this request."""
+        route = call.tenant.policy.models[plan.alias]
+        worker = call.worker = call.rt.table.worker_for(route)
+        receipt = call.receipt
+        receipt.model_alias = plan.alias
+        receipt.route = route
+        receipt.upstream = worker.name
+        receipt.serve_identity = worker.serve_identity
+        receipt.max_tokens = plan.max_tokens
+        receipt.stream = plan.stream
+        receipt.dropped_parts = list(plan.dropped_parts)
+        if not call.rt.readiness.ready(route):
+            # Its worker is not touched; other routes keep serving.
+            raise GatewayError("upstream_not_ready")
+
     async def _exchange(self, call: _Call, plan: Plan) -> None:
-        rt, tenant = call.rt, call.tenant
+        rt, tenant, worker = call.rt, call.tenant, call.worker
+        assert worker is not None
         config = rt.config
         route = tenant.policy.models[plan.alias]
         forward = self.api.forward(plan, route)
@@ -204,7 +220,7 @@ class InferenceEndpoint:
             await self._own_response(call, plan.previous_response_id)
         await self._media_records(call, plan)
         body = self._layout(forward, plan, call.resolved, config.staging)
-        check_size(body.size, config.upstream.max_request_bytes)
+        check_size(body.size, worker.config.max_request_bytes)
 
         limits = tenant.limits
         call.reservation = await rt.ratelimit.reserve(
@@ -220,7 +236,7 @@ class InferenceEndpoint:
         rate_headers = call.reservation.headers()
         admission = tenant.policy.admission
         queued_at = time.monotonic()
-        call.permit = await rt.admission.acquire(
+        call.permit = await worker.admission.acquire(
             tenant.name,
             request_weight(tenant.policy.cost, [m.kind for m in plan.media]),
             share=admission.share,
@@ -235,7 +251,7 @@ class InferenceEndpoint:
             # Inline data is decoded and staged only now, after the permit.
             await self._stage_inline(call, plan)
             body = self._layout(forward, plan, call.resolved, config.staging)
-            check_size(body.size, config.upstream.max_request_bytes)
+            check_size(body.size, worker.config.max_request_bytes)
         await self._relay(call, plan, body, rate_headers)
 
     async def _own_response(self, call: _Call, response_id: str) -> None:
@@ -315,8 +331,9 @@ class InferenceEndpoint:
     async def _relay(
         self, call: _Call, plan: Plan, body: Layout, rate_headers: dict[str, str]
     ) -> None:
-        rt, info = call.rt, call.info
-        upstream_cfg = rt.config.upstream
+        rt, info, worker = call.rt, call.info, call.worker
+        assert worker is not None
+        upstream_cfg = worker.config
         bounds = StreamBounds(framing=upstream_cfg.framing, text_nul=upstream_cfg.text_nul)
         dialect = call.dialect = self.api.dialect(plan, bounds, collect=not plan.stream)
         headers = [*_SSE_HEADERS, *_encode(rate_headers)]
@@ -337,7 +354,7 @@ class InferenceEndpoint:
         producer = call.producer = BodyProducer(body, rt.evidence.store)
 
         def opener() -> Awaitable[Any]:
-            return rt.upstream.open_stream(
+            return worker.client.open_stream(
                 self.api.path,
                 producer.pieces(),
                 info.request_id,

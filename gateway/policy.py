@@ -163,8 +163,8 @@ def check_policy(policy: TenantPolicy, stem: str, config: GatewayConfig) -> list
     if policy.tenant != stem:
         problems.append(("tenant", f"must equal the file name stem {stem!r}"))
     for alias, route in policy.models.items():
-        if route != config.upstream.route:
-            problems.append((f"models.{alias}", "must equal upstream.route"))
+        if route not in config.routes:
+            problems.append((f"models.{alias}", "must be a route an upstream serves"))
     for name in _CEILINGS:
         own = getattr(policy.limits, name)
         ceiling = getattr(config.limits, name)

@@ -67,6 +67,8 @@ class Receipt:
     serve_identity: str | None
     model_alias: str | None = None
     route: str | None = None
+    #: the worker that served the route (spec §16); serve_identity is that worker's
+    upstream: str | None = None
     request_sha256: str | None = None
     request_bytes: int | None = None
     artifacts: list[dict[str, str]] = field(default_factory=list)

@@ -42,12 +42,18 @@ async def response_item(scope: Scope, receive: Receive, send: Send) -> None:
         if method == "GET" and kept is not None:
             await _send_raw(send, kept)
             return
+        route = tenant.policy.models.get(alias)
+        if route is None:
+            raise GatewayError("response_not_found")  # its alias is gone from the policy
         rt.check_serving()  # what follows reaches the worker
-        status, body = await rt.upstream.request_json(
+        if not rt.readiness.ready(route):
+            raise GatewayError("upstream_not_ready")
+        worker = rt.table.worker_for(route)
+        status, body = await worker.client.request_json(
             method,
             f"/v1/responses/{response_id}",
             info.request_id,
-            rt.config.upstream.readiness_timeout_s * 5,
+            worker.config.readiness_timeout_s * 5,
         )
         if method == "DELETE":
             if status not in (200, 404):

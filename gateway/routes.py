@@ -53,19 +53,17 @@ async def models(scope: Scope, receive: Receive, send: Send) -> None:
     except GatewayError as exc:
         await send_error(send, exc, info)
         return
-    status = rt.readiness.status or "unavailable"
-    # The worker's creation time; the gateway's start until the worker is seen.
-    created = rt.readiness.created or rt.started_unix
-    entries = {
-        name: {
+    entries = {}
+    for name, route in sorted(tenant.policy.models.items()):
+        state = rt.readiness.state(route)
+        entries[name] = {
             "id": name,
             "object": "model",
-            "created": created,
+            # The worker's creation time; the gateway's start until the worker is seen.
+            "created": state.created or rt.started_unix,
             "owned_by": "local",
-            "status": status,
+            "status": state.status or "unavailable",
         }
-        for name in sorted(tenant.policy.models)
-    }
     if alias is not None:
         await send_json(send, 200, entries[alias])
         return
@@ -82,7 +80,12 @@ async def readyz(scope: Scope, receive: Receive, send: Send) -> None:
     info_of(scope).endpoint = "health"
     reason = rt.not_ready_reason()
     ready = rt.accepting() and reason is None
-    body: dict[str, Any] = {"status": "ready" if ready else "not_ready", "draining": rt.draining}
+    routes = {route: state.to_json() for route, state in rt.readiness.routes.items()}
+    body: dict[str, Any] = {
+        "status": "ready" if ready else "not_ready",
+        "routes": routes,
+        "draining": rt.draining,
+    }
     if reason is not None:
         body["reason"] = reason
     await send_json(send, 200 if ready else 503, body)

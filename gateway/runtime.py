@@ -19,14 +19,13 @@ import anyio
 import anyio.to_thread
 import httpx
 
-from gateway.admission import Admission
+from gateway.admission import AdmissionGroup
 from gateway.auth import Authenticator
 from gateway.auth.keys import load_key_set
 from gateway.cancel import Exchange
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError
 from gateway.evidence.service import EvidenceService
-from gateway.launch import serve_identity as launch_identity
 from gateway.loader import ConfigError, Loaded, load_config, load_policies
 from gateway.metrics import GatewayMetrics
 from gateway.metrics_listener import MetricsListener
@@ -34,8 +33,9 @@ from gateway.policy import PolicySet
 from gateway.ratelimit import LimitsStore, build_limits_store
 from gateway.receipts import ReceiptWriter
 from gateway.response_book import ResponseBook
-from gateway.upstream.client import Upstream
+from gateway.upstream.probe import probe
 from gateway.upstream.readiness import Readiness
+from gateway.upstream.table import RouteTable, capacities
 
 log = logging.getLogger("gateway")
 #: how long a shutdown waits for the limits store's pending settlements
@@ -47,14 +47,13 @@ class Runtime:
     loaded: Loaded
     policies: PolicySet
     auth: Authenticator
-    upstream: Upstream
+    #: route -> worker (its pool, admission, identity)
+    table: RouteTable
     readiness: Readiness
-    admission: Admission
     ratelimit: LimitsStore
     evidence: EvidenceService
     receipts: ReceiptWriter
     metrics: GatewayMetrics
-    serve_identity: str | None
     #: uploads being read (staging.max_concurrent_uploads)
     uploads: asyncio.Semaphore
     #: which Responses ids are whose
@@ -72,7 +71,12 @@ class Runtime:
         return self.loaded.config
 
     def accepting(self) -> bool:
-        return self.readiness.ready and not self.draining
+        """Ready for traffic: every route some policy uses is ready, no drain."""
+        return not self.draining and all(self.readiness.ready(r) for r in self.policy_routes())
+
+    def policy_routes(self) -> set[str]:
+        """The routes the tenants' aliases point at (what /readyz answers for)."""
+        return {route for t in self.policies.tenants.values() for route in t.policy.models.values()}
 
     def check_books(self) -> None:
         """Refuse new work while receipts cannot be written (spec §13)."""
@@ -81,9 +85,10 @@ class Runtime:
 
     def check_serving(self) -> None:
         """Refuse a new inference request the gateway cannot serve or cannot
-        keep books for, before it touches the worker."""
+        keep books for, before it touches the worker (its route's readiness is
+        checked once the route is known)."""
         self.check_books()
-        if not self.accepting():
+        if self.draining:
             raise GatewayError("upstream_not_ready")
 
     def not_ready_reason(self) -> str | None:
@@ -140,9 +145,10 @@ async def _wait_done(exchanges: list[Exchange], timeout_s: float) -> None:
 async def build_runtime(loaded: Loaded) -> Runtime:
     config = loaded.config
     metrics = GatewayMetrics()
-    launch = config.upstream.launch
-    serve_identity = launch_identity(launch) if launch else None
-    upstream = Upstream(config.upstream, pool_size=config.admission.capacity + 8)
+    admissions = AdmissionGroup(
+        capacities(config), config.admission.max_queue, on_change=metrics.on_admission_change
+    )
+    table = RouteTable.build(config, admissions)
     keys = load_key_set(config.auth, os.environ)
     evidence = EvidenceService.from_config(config.staging, metrics.leases_active.set)
     # One server per staging dir: clear temp files and leases a crash left behind.
@@ -160,11 +166,6 @@ async def build_runtime(loaded: Loaded) -> Runtime:
     await receipts.start()
     ratelimit = build_limits_store(config, metrics)
     await ratelimit.start()
-    admission = Admission(
-        config.admission.capacity,
-        config.admission.max_queue,
-        on_change=metrics.on_admission_change,
-    )
     # Only issuers with jwks_url need HTTP; never follow redirects for keys.
     keys_http = (
         httpx.AsyncClient(follow_redirects=False, trust_env=False, timeout=5)
@@ -175,14 +176,12 @@ async def build_runtime(loaded: Loaded) -> Runtime:
         loaded=loaded,
         policies=loaded.policies,
         auth=Authenticator(keys, http=keys_http),
-        upstream=upstream,
-        readiness=Readiness(upstream, metrics),
-        admission=admission,
+        table=table,
+        readiness=Readiness(table, metrics, probe),
         ratelimit=ratelimit,
         evidence=evidence,
         receipts=receipts,
         metrics=metrics,
-        serve_identity=serve_identity,
         uploads=asyncio.Semaphore(config.staging.max_concurrent_uploads),
         responses=ResponseBook(evidence.catalog, config.responses.ttl_s),
         keys_http=keys_http,
@@ -229,7 +228,7 @@ async def close_runtime(runtime: Runtime) -> None:
     await runtime.readiness.aclose()
     await runtime.receipts.aclose(runtime.config.audit.flush_timeout_s)
     await runtime.ratelimit.aclose(_LIMITS_CLOSE_S)
-    await runtime.upstream.aclose()
+    await runtime.table.aclose()
     if runtime.keys_http is not None:
         await runtime.keys_http.aclose()
     runtime.evidence.close()

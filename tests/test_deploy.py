@@ -114,9 +114,9 @@ def test_example_config_and_policies_load(loaded: Loaded, config: GatewayConfig)
     assert config.listen.host == "0.0.0.0"
     assert config.listen.port == 8443
     assert config.listen.tls is not None
-    assert config.upstream.base_url == "http://127.0.0.1:1234"
-    assert config.upstream.launch is not None
-    assert config.admission.capacity <= config.upstream.launch.max_seqs
+    assert config.workers[0].base_url == "http://127.0.0.1:1234"
+    assert config.workers[0].launch is not None
+    assert config.admission.capacity <= config.workers[0].launch.max_seqs
     for path in (config.staging.dir, config.staging.catalog, config.audit.path):
         assert PurePosixPath(path).is_relative_to("/var/lib/mistralrs-gateway")
 
@@ -145,8 +145,8 @@ def test_gateway_command(pod: Doc) -> None:
 
 
 def test_worker_runs_exactly_the_launch_plan(pod: Doc, config: GatewayConfig) -> None:
-    assert config.upstream.launch is not None
-    plan = build_plan(config.upstream.launch)
+    assert config.workers[0].launch is not None
+    plan = build_plan(config.workers[0].launch)
     worker = container(pod, "worker")
     argv = worker["command"] + worker["args"]
     assert argv == plan.argv
@@ -269,9 +269,11 @@ def test_evidence_is_writable_by_gateway_read_only_in_worker(
 
 
 def test_model_volume_is_read_only(pod: Doc, config: GatewayConfig) -> None:
-    assert config.upstream.launch is not None
+    assert config.workers[0].launch is not None
     worker = container(pod, "worker")
-    mount = covering_mount(worker, PurePosixPath(config.upstream.launch.model_dir))
+    model_dir = config.workers[0].launch.model_dir
+    assert model_dir is not None
+    mount = covering_mount(worker, PurePosixPath(model_dir))
     assert mount["readOnly"] is True
     source = volumes(pod)[mount["name"]]
     assert source["persistentVolumeClaim"]["readOnly"] is True

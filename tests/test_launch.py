@@ -18,6 +18,7 @@ from gateway.launch import (
     build_argv,
     build_plan,
     check_argv,
+    launch_dict,
     launch_plan_json,
     serve_identity,
 )
@@ -193,11 +194,17 @@ def test_relative_model_dir_is_refused() -> None:
 
 
 def test_argv_follows_each_runtime_field() -> None:
-    argv = build_argv(make(**{**MUTATIONS, "model_bundle_sha256": BUNDLE, "version": "0.9.2"}))
+    argv = build_argv(
+        make(
+            **{**MUTATIONS, "model_bundle_sha256": BUNDLE, "version": "0.9.2"},
+            quantized_file="model-q4.gguf",
+        )
+    )
     for flag, value in [
         ("--port", "1235"),
         ("-m", f"/srv/other-models/{BUNDLE}"),
         ("--format", "gguf"),
+        ("-f", "model-q4.gguf"),
         ("--max-seqs", "9"),
         ("--max-seq-len", "8192"),
         ("--max-batch-size", "2"),
@@ -217,7 +224,18 @@ def _all_plans() -> list[list[str]]:
         ["auto", "on", "off"],
         ["cpu", "cuda", "metal"],
     )
-    return [build_argv(make(version=v, format=f, paged_attn=p, device=d)) for v, f, p, d in combos]
+    return [
+        build_argv(
+            make(
+                version=v,
+                format=f,
+                paged_attn=p,
+                device=d,
+                **({"quantized_file": f"model.{f}"} if f != "plain" else {}),
+            )
+        )
+        for v, f, p, d in combos
+    ]
 
 
 def test_no_forbidden_flag_in_any_plan() -> None:
@@ -287,8 +305,12 @@ def test_malformed_versions_are_refused_at_load(bad: str) -> None:
 # --- serve identity -----------------------------------------------------------------
 
 
+#: fields a one-model launch leaves unset (multi-model and gguf/ggml fields)
+OPTIONAL = {"quantized_file", "models", "config_path"}
+
+
 def test_mutations_cover_every_field() -> None:
-    assert set(MUTATIONS) == set(LaunchConfig.model_fields) == set(LAUNCH)
+    assert set(MUTATIONS) == set(LaunchConfig.model_fields) - OPTIONAL == set(LAUNCH)
     for name, value in MUTATIONS.items():
         assert value != LAUNCH[name], name
 
@@ -330,7 +352,7 @@ def test_identity_changes_when_any_single_field_changes(field: str) -> None:
     # model_copy changes exactly one field (a validated change of the bundle
     # digest needs model_dir to follow; that pair is checked below).
     changed = base.model_copy(update={field: MUTATIONS[field]})
-    assert changed.model_dump(mode="json") == {**LAUNCH, field: MUTATIONS[field]}
+    assert launch_dict(changed) == {**LAUNCH, field: MUTATIONS[field]}
     assert serve_identity(changed) != serve_identity(base)
     assert serve_identity(changed) == recipe({**LAUNCH, field: MUTATIONS[field]})
 
@@ -398,7 +420,7 @@ def _write(tmp_path: Path, launch: dict[str, Any], **upstream: Any) -> Path:
 
 def test_valid_config_loads(tmp_path: Path) -> None:
     config = load_config(_write(tmp_path, LAUNCH))
-    assert config.upstream.launch == make()
+    assert config.workers[0].launch == make()
 
 
 @pytest.mark.parametrize(

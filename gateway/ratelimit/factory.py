@@ -19,7 +19,8 @@ LEASE_MARGIN_S = 10.0
 
 def lease_for(config: GatewayConfig) -> float:
     """How long a slot and a hold last when their replica never settles them."""
-    return config.upstream.total_timeout_s + LEASE_MARGIN_S
+    # The longest a request can hold its slot on any worker, plus the spec's margin.
+    return max(u.total_timeout_s for u in config.workers) + LEASE_MARGIN_S
 
 
 def store_password(config: GatewayConfig, environ: Mapping[str, str]) -> str | None:

@@ -61,9 +61,14 @@ def write_config(
         "readiness_timeout_s": 1,
     }
     upstream.update(sections.pop("upstream", {}))
+    workers: dict[str, Any] = {"upstream": upstream}
+    if "upstreams" in sections:
+        # Several workers (spec §16): each entry gets the fast readiness poll too.
+        fast = {"readiness_poll_s": 0.2, "readiness_timeout_s": 1}
+        workers = {"upstreams": [{**fast, **u} for u in sections.pop("upstreams")]}
     config: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "port": 0, "shutdown_grace_s": 5},
-        "upstream": upstream,
+        **workers,
         "auth": {
             "issuers": issuers
             if issuers is not None

@@ -39,6 +39,17 @@ _ACCEPT: dict[str, bytes] = {"sse": b"text/event-stream", "json": b"application/
 _CONTENT_TYPES = _ACCEPT
 
 
+_MAX_LISTING_BYTES = 1_048_576
+
+
+class ListingError(Exception):
+    """The models listing failed; ``reason`` is a readiness reason word (spec §16)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class UpstreamStream:
     """An open worker response whose head passed the checks."""
 
@@ -195,16 +206,27 @@ class Upstream:
         return UpstreamStream(conn, pool)
 
     async def get_models(self, timeout_s: float) -> Any:
-        response = await self._client.get(
-            "/v1/models",
-            headers={"accept": "application/json", "accept-encoding": "identity"},
-            timeout=timeout_s,
-        )
+        """The worker's ``/v1/models`` listing; :class:`ListingError` says why not."""
+        try:
+            response = await self._client.get(
+                "/v1/models",
+                headers={"accept": "application/json", "accept-encoding": "identity"},
+                timeout=timeout_s,
+            )
+        except httpx.ConnectError as exc:
+            raise ListingError("connection_refused") from exc
+        except httpx.TimeoutException as exc:
+            raise ListingError("timeout") from exc
+        except httpx.HTTPError as exc:
+            raise ListingError("http_error") from exc
         if response.status_code != 200:
-            raise ValueError("models listing failed")
-        if len(response.content) > 1_048_576:
-            raise ValueError("models listing too large")
-        return orjson.loads(response.content)
+            raise ListingError("http_error")
+        if len(response.content) > _MAX_LISTING_BYTES:
+            raise ListingError("bad_body")
+        try:
+            return orjson.loads(response.content)
+        except orjson.JSONDecodeError as exc:
+            raise ListingError("bad_body") from exc
 
     async def request_json(
         self, method: str, path: str, request_id: str, timeout_s: float
@@ -259,18 +281,3 @@ def _check_head(conn: WireConnection, request_id: str, accept: Accept) -> None:
     # crossed response (the worker sets exactly one).
     if echoed and (len(echoed) != 1 or echoed[0].decode("latin-1") != request_id):
         raise GatewayError("upstream_protocol_error")
-
-
-def models_status(listing: Any, route: str) -> str | None:
-    """The route's status when it appears exactly once, else None (readiness, /v1/models)."""
-    entry = route_entry(listing, route)
-    status = None if entry is None else entry.get("status")
-    return status if isinstance(status, str) else None
-
-
-def route_entry(listing: Any, route: str) -> dict[str, Any] | None:
-    """The route's one entry in a ``/v1/models`` listing (None if absent or listed twice)."""
-    if not isinstance(listing, dict) or not isinstance(listing.get("data"), list):
-        return None
-    entries = [e for e in listing["data"] if isinstance(e, dict) and e.get("id") == route]
-    return entries[0] if len(entries) == 1 else None

@@ -173,4 +173,4 @@ def test_permits_return_to_zero_after_mixed_run(tmp_path: Path) -> None:
                 )
         assert stack.sim.wait_for(lambda: stack.metric("gateway_permits_in_use") == 0, 5)
         assert stack.metric("gateway_admission_queue_depth") == 0
-        assert stack.runtime.admission.in_use == 0
+        assert stack.runtime.table.admissions.in_use == 0

@@ -132,7 +132,7 @@ def test_slow_body_gets_408_and_a_receipt(hostile: Stack) -> None:
     receipt = hostile.receipt("slow-body-1")
     assert (receipt["outcome"], receipt["error_code"]) == ("rejected", "request_timeout")
     assert len(worker_posts(hostile.sim)) == 1  # only the served one
-    assert hostile.runtime.admission.in_use == 0
+    assert hostile.runtime.table.admissions.in_use == 0
 
 
 def test_unread_body_after_a_refusal_is_not_drained_forever(hostile: Stack) -> None:
@@ -275,7 +275,7 @@ def test_endless_chunked_trailer_is_cut(hostile: Stack) -> None:
         sock.close()
     assert sent < 32 << 20  # the cap is 8 KiB; the rest is what the kernel buffers held
     assert _served(hostile)
-    assert hostile.runtime.admission.in_use == 0
+    assert hostile.runtime.table.admissions.in_use == 0
 
 
 def test_pipelined_bad_head_never_answers_the_request_before_it(hostile: Stack) -> None:
@@ -497,7 +497,7 @@ def test_caller_that_stops_reading_holds_bounded_memory_and_is_cut(hostile: Stac
     assert 1 << 20 < stalled().bytes_sent < _BIG_STREAM_BYTES * 0.8
     # Everything in this process (gateway, simulator, client) stayed far below the stream.
     assert peak < 24 << 20, f"peak traced memory {peak / 1e6:.1f} MB"
-    assert hostile.runtime.admission.in_use == 0
+    assert hostile.runtime.table.admissions.in_use == 0
 
 
 def test_very_slow_reader_is_cut_by_the_total_limit(hostile: Stack) -> None:
@@ -542,7 +542,7 @@ def test_gateway_is_whole_after_the_hostile_run(hostile: Stack) -> None:
             assert rawhttp.wait_closed(sock, 5)
     assert _served(hostile)
     runtime = hostile.runtime
-    assert runtime.admission.in_use == 0
+    assert runtime.table.admissions.in_use == 0
     assert not runtime.inflight
     with httpx.Client(base_url=hostile.url) as client:
         assert client.get("/livez").status_code == 200

@@ -14,6 +14,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.testing.harness import SIM_ROUTE
 from gateway.testing.simulator import Simulator
 from tests.support.poll import eventually
 from tests.support.stack import Stack, chat_body, running_stack, sse_data, worker_posts
@@ -95,22 +96,33 @@ def _restore(sim: Simulator) -> None:
 
 
 @pytest.mark.parametrize(
-    "break_worker",
-    [_reloading, _unloaded, _missing, _duplicated, _bad_body],
+    ("break_worker", "reason"),
+    [
+        (_reloading, "reloading"),
+        (_unloaded, "unloaded"),
+        (_missing, "route_missing"),
+        (_duplicated, "duplicate_route"),
+        (_bad_body, "bad_body"),
+    ],
     ids=["reloading", "unloaded", "missing", "duplicated", "bad_body"],
 )
 def test_readiness_follows_the_worker(
-    ops_stack: Stack, break_worker: Callable[[Simulator], None]
+    ops_stack: Stack, break_worker: Callable[[Simulator], None], reason: str
 ) -> None:
     stack = ops_stack
+    route = {"upstream": "default", "route": SIM_ROUTE}
     with stack.client() as client:
         assert client.get("/readyz").status_code == 200
-        assert sample_value(samples(client), "gateway_upstream_ready") == 1.0
+        assert sample_value(samples(client), "gateway_upstream_ready", **route) == 1.0
 
         break_worker(stack.sim)
         assert readyz_turns(client, 503)
-        assert client.get("/readyz").json() == {"status": "not_ready", "draining": False}
-        assert sample_value(samples(client), "gateway_upstream_ready") == 0.0
+        assert client.get("/readyz").json() == {
+            "status": "not_ready",
+            "routes": {SIM_ROUTE: {"upstream": "default", "ready": False, "reason": reason}},
+            "draining": False,
+        }
+        assert sample_value(samples(client), "gateway_upstream_ready", **route) == 0.0
 
         before = len(worker_posts(stack.sim))
         refused = client.post("/v1/chat/completions", json=chat_body(stream=True))
@@ -123,8 +135,8 @@ def test_readiness_follows_the_worker(
 
         _restore(stack.sim)
         assert readyz_turns(client, 200)
-        assert stack.runtime.readiness.status == "loaded"
-        assert sample_value(samples(client), "gateway_upstream_ready") == 1.0
+        assert stack.runtime.readiness.state(SIM_ROUTE).status == "loaded"
+        assert sample_value(samples(client), "gateway_upstream_ready", **route) == 1.0
         served = client.post("/v1/chat/completions", json=chat_body(stream=True))
         assert served.status_code == 200
         assert sse_data(served.text)[-1] == "[DONE]"
@@ -140,7 +152,11 @@ def test_livez_stays_up_without_the_worker(ops_stack: Stack) -> None:
         refused = client.post("/v1/chat/completions", json=chat_body())
         assert refused.status_code == 503
         assert refused.json()["error"]["code"] == "upstream_not_ready"
-        assert sample_value(samples(client), "gateway_upstream_ready") == 0.0
+        ready = sample_value(
+            samples(client), "gateway_upstream_ready", upstream="default", route=SIM_ROUTE
+        )
+        assert ready == 0.0
+        assert client.get("/readyz").json()["routes"][SIM_ROUTE]["reason"] == "connection_refused"
 
 
 def test_every_spec_metric_is_exposed(ops_stack: Stack) -> None:
@@ -168,8 +184,8 @@ def test_every_spec_metric_is_exposed(ops_stack: Stack) -> None:
         found, "gateway_request_duration_seconds_count", endpoint="chat.completions"
     )
     assert sample_value(found, "gateway_admission_wait_seconds_count") == 1.0
-    assert sample_value(found, "gateway_permits_in_use") == 0.0
-    assert sample_value(found, "gateway_admission_queue_depth") == 0.0
+    assert sample_value(found, "gateway_permits_in_use", upstream="default") == 0.0
+    assert sample_value(found, "gateway_admission_queue_depth", upstream="default") == 0.0
     assert sample_value(found, "gateway_evidence_leases_active") == 0.0
     assert sample_value(found, "gateway_reloads_total", result="applied") == 0.0
     assert sample_value(found, "gateway_reloads_total", result="refused") == 0.0

@@ -394,7 +394,14 @@ def test_sigterm_drains_then_exits_zero(tmp_path: Path) -> None:
             gw.signal(signal.SIGTERM)
 
             wait_until(lambda: client.get("/readyz").status_code == 503, 1, "/readyz 503")
-            assert client.get("/readyz").json() == {"status": "not_ready", "draining": True}
+            ready = client.get("/readyz").json()
+            assert (ready["status"], ready["draining"]) == ("not_ready", True)
+            # Draining, not a worker problem: the route itself stays ready.
+            assert ready["routes"][SIM_ROUTE] == {
+                "upstream": "default",
+                "ready": True,
+                "reason": None,
+            }
             assert client.get("/livez").status_code == 200
             late = client.post(
                 "/v1/chat/completions",

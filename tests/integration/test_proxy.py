@@ -351,7 +351,7 @@ def test_unexpected_error_is_a_clean_500_and_releases_everything(
     assert response.headers["x-request-id"] == "req-broken-1"
     receipt = stack.receipt("req-broken-1")
     assert (receipt["outcome"], receipt["error_code"]) == ("incomplete", "internal_error")
-    assert runtime.admission.in_use == 0
+    assert runtime.table.admissions.in_use == 0
     assert not runtime.inflight
     assert secret not in caplog.text
     assert "RuntimeError" in caplog.text

@@ -99,8 +99,14 @@ class Stack:
         return wait_receipt(self.runtime.config.audit.path, request_id, timeout_s)
 
     def metric(self, name: str, **labels: str) -> float:
-        value = self.runtime.metrics.registry.get_sample_value(name, labels or None)
-        return 0.0 if value is None else float(value)
+        """The sum of the samples called ``name`` whose labels include ``labels``
+        (``gateway_permits_in_use``: every upstream's, unless one is named)."""
+        total = 0.0
+        for family in self.runtime.metrics.registry.collect():
+            for sample in family.samples:
+                if sample.name == name and labels.items() <= sample.labels.items():
+                    total += float(sample.value)
+        return total
 
 
 def worker_posts(sim: Simulator) -> list[SimRequest]:

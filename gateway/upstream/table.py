@@ -1,0 +1,70 @@
+"""The route table: route → the worker serving it, resolved once per request (spec §16).
+
+A :class:`Worker` is one configured upstream with its live parts: its
+connection pool (``Upstream``), its admission pool (``capacity``; a tenant's
+``max_permits`` counts across all of them, ``admission.AdmissionGroup``) and
+its launch identity for receipts. The pipeline resolves a request's route to
+its worker right after planning and carries that worker to the end, so a
+policy reload that moves an alias to another route applies to new requests
+only, while streams in flight finish where they started.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.admission import Admission, AdmissionGroup
+from gateway.config import GatewayConfig, UpstreamConfig
+from gateway.launch import serve_identity
+from gateway.upstream.client import Upstream
+
+
+@dataclass(eq=False)
+class Worker:
+    config: UpstreamConfig
+    client: Upstream
+    admission: Admission
+    serve_identity: str | None
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+
+class RouteTable:
+    def __init__(self, workers: list[Worker], admissions: AdmissionGroup) -> None:
+        self.workers = {w.name: w for w in workers}
+        self.admissions = admissions
+        self._by_route = {route: w for w in workers for route in w.config.served_routes}
+
+    @classmethod
+    def build(cls, config: GatewayConfig, admissions: AdmissionGroup) -> RouteTable:
+        workers = []
+        for upstream in config.workers:
+            capacity = upstream.capacity or config.admission.capacity
+            launch = upstream.launch
+            workers.append(
+                Worker(
+                    config=upstream,
+                    client=Upstream(upstream, pool_size=capacity + 8),
+                    admission=admissions[upstream.name],
+                    serve_identity=serve_identity(launch) if launch is not None else None,
+                )
+            )
+        return cls(workers, admissions)
+
+    @property
+    def routes(self) -> list[str]:
+        return list(self._by_route)
+
+    def worker_for(self, route: str) -> Worker:
+        """The worker of a configured route (policy routes are checked at load)."""
+        return self._by_route[route]
+
+    async def aclose(self) -> None:
+        for worker in self.workers.values():
+            await worker.client.aclose()
+
+
+def capacities(config: GatewayConfig) -> dict[str, int]:
+    return {u.name: u.capacity or config.admission.capacity for u in config.workers}
