@@ -3,7 +3,8 @@
 Hundreds of streaming and non-streaming requests at high concurrency, with
 seeded random caller disconnects (mid-body before admission, while queued
 behind a small ``admission.capacity``, before the first token, mid-stream),
-worker faults, a worker outage (connection refused, then a restarted
+worker faults on both of two upstreams (a second simulator serves a second
+route), a worker outage (connection refused, then a restarted
 simulator on the same port), evidence uploads raced by deletes, refused past
 the tenant's record quota and expiring under a short ``ttl_s``, and an audit
 outage (the receipts' small filesystem filled, then freed) mid-round.
@@ -60,7 +61,12 @@ UPSTREAM = {
     "readiness_poll_s": 0.1,
     "readiness_timeout_s": 0.5,
 }
+#: the second upstream's route and the alias that reaches it
+SECOND_ROUTE = "/srv/mosaic-models/" + "5e" * 32
+SECOND_ALIAS = "second-mm"
+SECOND_CAPACITY = 4
 ACME = {
+    "models": {"gemma-4-mm": SIM_ROUTE, SECOND_ALIAS: SECOND_ROUTE},
     "limits": {"max_output_tokens": 512, "requests_per_minute": 1_000_000},
     "admission": {"share": 1, "max_permits": CAPACITY, "queue_timeout_s": 30},
     # Small on purpose: uploads meet the quota, records expire while in use.
@@ -227,17 +233,19 @@ async def plain(soak: Soak, client: httpx.AsyncClient, kind: str) -> Outcome:
     out = Outcome(soak.next_rid(kind), kind, time.monotonic())
     stream = rng.random() < 0.6 if kind != "stream_ok" else True
     path = "/v1/chat/completions"
+    # Faults and successes on both upstreams.
+    alias = SECOND_ALIAS if rng.random() < 0.4 else "gemma-4-mm"
     if kind == "fault":
         fault = rng.choice(FAULTS)
         directive = fault if "=" in fault else f"fault={fault}"
-        body = chat_body(f"go [[sim {directive} chunks=6]]", stream=stream)
+        body = chat_body(f"go [[sim {directive} chunks=6]]", stream=stream, model=alias)
     elif kind == "completion_ok":
         path = "/v1/completions"
         chunks = rng.randint(1, 12)
-        body = {"model": "gemma-4-mm", "prompt": f"p [[sim chunks={chunks}]]", "stream": stream}
+        body = {"model": alias, "prompt": f"p [[sim chunks={chunks}]]", "stream": stream}
     else:
         chunks, delay = rng.randint(1, 24), rng.choice([0, 0, 1, 3])
-        body = chat_body(f"hi [[sim chunks={chunks} delay_ms={delay}]]", stream=stream)
+        body = chat_body(f"hi [[sim chunks={chunks} delay_ms={delay}]]", stream=stream, model=alias)
         if kind == "json_ok":
             stream = body["stream"] = False
     response = await client.post(path, json=body, headers={"x-request-id": out.rid})
@@ -345,7 +353,8 @@ async def hang_up(soak: Soak, kind: str) -> Outcome:
     }[kind]
     # Only a stream shows bytes before its end; the others may be streams or not.
     stream = kind in ("disc_mid", "disc_first") or rng.random() < 0.7
-    payload = json.dumps(chat_body(f"[[sim {directive}]]", stream=stream)).encode()
+    alias = SECOND_ALIAS if rng.random() < 0.4 else "gemma-4-mm"
+    payload = json.dumps(chat_body(f"[[sim {directive}]]", stream=stream, model=alias)).encode()
     head = (
         "POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n"
         f"authorization: Bearer {soak.token}\r\ncontent-type: application/json\r\n"
@@ -511,20 +520,21 @@ class Levels:
         return self.fds - self.upstream
 
 
-def levels(stack: Stack) -> Levels:
+def levels(stack: Stack, second: Simulator) -> Levels:
     gc.collect()
-    return Levels(fd_count(), upstream_sockets(stack.sim.port), gateway_tasks(stack), rss_mb())
+    pooled = upstream_sockets(stack.sim.port) + upstream_sockets(second.port)
+    return Levels(fd_count(), pooled, gateway_tasks(stack), rss_mb())
 
 
-def settle(stack: Stack, base: Levels, fd_slack: int, task_slack: int) -> Levels:
+def settle(stack: Stack, second: Simulator, base: Levels, fd_slack: int, task_slack: int) -> Levels:
     """Levels once the stack is idle again (bounded wait)."""
-    now = levels(stack)
+    now = levels(stack, second)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and (
         now.own_fds > base.own_fds + fd_slack or now.tasks > base.tasks + task_slack
     ):
         time.sleep(0.05)
-        now = levels(stack)
+        now = levels(stack, second)
     return now
 
 
@@ -545,14 +555,35 @@ def served_gc() -> Iterator[None]:
         gc.set_threshold(*thresholds)
 
 
-def test_chaos_soak(tmp_path: Path, served_gc: None) -> None:
+@pytest.fixture
+def second() -> Iterator[Simulator]:
+    """The second upstream's worker (its own simulator, its own route)."""
+    sim = Simulator(model_id=SECOND_ROUTE)
+    sim.start()
+    try:
+        yield sim
+    finally:
+        sim.stop()
+
+
+def test_chaos_soak(tmp_path: Path, served_gc: None, second: Simulator) -> None:
     started = time.monotonic()
+    more = [
+        {
+            **UPSTREAM,
+            "name": "second",
+            "base_url": second.base_url,
+            "routes": [SECOND_ROUTE],
+            "capacity": SECOND_CAPACITY,
+        }
+    ]
     with (
         small_fs(tmp_path / "audit", 16 * 1024) as audit_fs,
         running_stack(
             tmp_path,
             acme=ACME,
             upstream=UPSTREAM,
+            more_upstreams=more,
             staging=STAGING,
             audit={"path": str(audit_fs / "receipts.jsonl")},
             admission={"capacity": CAPACITY, "max_queue": 4 * CONCURRENCY},
@@ -562,7 +593,7 @@ def test_chaos_soak(tmp_path: Path, served_gc: None) -> None:
         soak = Soak(stack, random.Random(SEED), stack.rs256(), audit_fs=audit_fs)
         try:
             warm_up(soak)
-            base = levels(stack)
+            base = levels(stack, second)
             rss_after_round: list[float] = []
             for number in range(ROUNDS):
                 run = run_round(
@@ -570,11 +601,16 @@ def test_chaos_soak(tmp_path: Path, served_gc: None) -> None:
                 )
                 results = asyncio.run(run)
                 soak.outcomes.extend(results)
-                check = settle(stack, base, fd_slack=6, task_slack=2)
+                check = settle(stack, second, base, fd_slack=6, task_slack=2)
                 rss_after_round.append(check.rss)
-            final = settle(stack, base, fd_slack=6, task_slack=2)
+            final = settle(stack, second, base, fd_slack=6, task_slack=2)
             tally, collateral = check_receipts(soak, soak.outcomes)
             permits = stack.metric("gateway_permits_in_use")
+            per_upstream = {
+                name: stack.metric("gateway_permits_in_use", upstream=name)
+                for name in ("default", "second")
+            }
+            second_requests = sum(1 for r in second.requests() if r.method == "POST")
             leases = stack.metric("gateway_evidence_leases_active")
             staged = sorted(p.name for p in (tmp_path / "var" / "evidence").glob("*.png"))
         finally:
@@ -597,7 +633,9 @@ def test_chaos_soak(tmp_path: Path, served_gc: None) -> None:
         f"  evidence uploads {soak.uploads}, deletes {soak.deletes}, "
         f"upload refusals {dict(soak.upload_refusals)}, audit outages {len(soak.audit_outages)}\n"
         f"  receipt outcomes {dict(tally)}\n"
-        f"  permits {permits:.0f}, leases {leases:.0f}, staged files left {len(staged)}\n"
+        f"  permits {permits:.0f} {per_upstream}, second upstream: {second_requests} requests, "
+        f"max {second.max_active_streams} streams\n"
+        f"  leases {leases:.0f}, staged files left {len(staged)}\n"
         f"  fds {base.own_fds}->{final.own_fds} "
         f"(+{base.upstream}/{final.upstream} pooled upstream), "
         f"gateway tasks {base.tasks}->{final.tasks}, "
@@ -605,6 +643,9 @@ def test_chaos_soak(tmp_path: Path, served_gc: None) -> None:
         f"  wall time {time.monotonic() - started:.1f} s"
     )
     assert permits == 0
+    assert per_upstream == {"default": 0, "second": 0}
+    assert second_requests > 0, "the second upstream served its share"
+    assert second.max_active_streams <= SECOND_CAPACITY
     assert leases == 0
     assert staged == [], "a file whose records were all deleted is removed"
     assert final.own_fds <= base.own_fds + 6, "descriptors leaked"

@@ -138,13 +138,20 @@ def running_stack(
     globex: dict[str, Any] | None = None,
     sim_options: dict[str, Any] | None = None,
     server_options: dict[str, Any] | None = None,
+    more_upstreams: list[dict[str, Any]] | None = None,
     **sections: Any,
 ) -> Iterator[Stack]:
+    """The simulator behind a gateway. ``more_upstreams`` adds workers (spec §16):
+    the simulator is then the upstream named ``default`` among them."""
     from gateway.testing.harness import SIM_ROUTE
 
     sim = Simulator(model_id=SIM_ROUTE, **(sim_options or {}))
     sim.start()
     try:
+        if more_upstreams:
+            default = {"name": "default", "base_url": sim.base_url, "routes": [SIM_ROUTE]}
+            default.update(sections.pop("upstream", {}))
+            sections["upstreams"] = [default, *more_upstreams]
         config = write_config(
             directory,
             upstream_port=sim.port,
