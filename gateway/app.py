@@ -30,6 +30,7 @@ from gateway.pipeline import InferenceEndpoint
 from gateway.responses_api import response_item
 from gateway.routes import livez, metrics, models, readyz
 from gateway.runtime import Runtime, build_runtime, close_runtime, start_background
+from gateway.tracing import NO_SPAN, NS, Tracing, failed
 
 access_log = logging.getLogger("gateway.access")
 
@@ -101,6 +102,10 @@ class GatewayApp:
             return
         info = RequestInfo(request_id_from(scope), time.monotonic())
         scope.setdefault("state", {})["gateway"] = info
+        runtime: Runtime | None = getattr(self.state, "runtime", None)
+        if runtime is not None and scope["path"].startswith("/v1/"):
+            # Probes and scrapes make no spans; every API request does.
+            info.span = runtime.tracing.start(scope["method"], scope["headers"])
         origin = self._origin(scope)
         extra = [(b"x-request-id", info.request_id.encode())]
         if origin is not None:
@@ -128,7 +133,7 @@ class GatewayApp:
                 if info.status == 0:
                     await send_error(wrapped, GatewayError("internal_error"), info)
         finally:
-            self._record(scope, info)
+            self._record(scope, info, runtime)
 
     def _origin(self, scope: Scope) -> bytes | None:
         origins = header(scope, b"origin")
@@ -147,9 +152,10 @@ class GatewayApp:
         await send({"type": "http.response.start", "status": 204, "headers": headers})
         await send({"type": "http.response.body", "body": b""})
 
-    def _record(self, scope: Scope, info: RequestInfo) -> None:
+    def _record(self, scope: Scope, info: RequestInfo, runtime: Runtime | None) -> None:
         elapsed = time.monotonic() - info.started
-        runtime: Runtime | None = getattr(self.state, "runtime", None)
+        if info.span is not NO_SPAN:
+            _end_span(scope["method"], info)
         if runtime is not None:
             # Every refusal counted in one place, whichever route answered it.
             runtime.metrics.request_done(
@@ -169,6 +175,23 @@ class GatewayApp:
                     "duration_ms": round(elapsed * 1000, 3),
                 },
             )
+
+
+def _end_span(method: str, info: RequestInfo) -> None:
+    info.span.set(
+        {
+            "http.request.method": method,
+            "http.response.status_code": info.status or None,
+            NS + "endpoint": info.endpoint,
+            NS + "tenant": info.tenant,
+            NS + "request_id": info.request_id,
+        }
+    )
+    info.span.end(
+        name=info.span_name or f"{method} {info.endpoint}",
+        error=info.error_code,
+        failed=failed(info.status, info.error_code),
+    )
 
 
 def _log_unexpected(exc: Exception) -> None:
@@ -191,12 +214,13 @@ def _error_response(exc: GatewayError) -> Response:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.response_headers())
 
 
-def create_app(loaded: Loaded) -> GatewayApp:
+def create_app(loaded: Loaded, tracing: Tracing | None = None) -> GatewayApp:
+    """``tracing`` replaces what the ``OTEL_*`` environment asks for (tests)."""
     config = loaded.config
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        runtime = await build_runtime(loaded)
+        runtime = await build_runtime(loaded, tracing)
         app.state.runtime = runtime
         await start_background(runtime)
         first_poll = max(u.readiness_timeout_s for u in config.workers) + 0.5

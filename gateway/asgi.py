@@ -16,6 +16,7 @@ import orjson
 
 from gateway.errors import GatewayError
 from gateway.metrics import UNKNOWN_TENANT
+from gateway.tracing import NO_SPAN, Span
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime
@@ -42,6 +43,10 @@ class RequestInfo:
     status: int = 0
     outcome: str | None = None
     error_code: str | None = None
+    #: the request's trace span (NO_SPAN when tracing is off or for probes)
+    span: Span = NO_SPAN
+    #: the span's final name when the handler knows a better one than its route
+    span_name: str | None = None
 
 
 def header(scope: Scope, name: bytes) -> list[bytes]:

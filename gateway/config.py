@@ -255,6 +255,10 @@ class UpstreamConfig(Model):
         )
 
     @property
+    def host(self) -> str:
+        return urlsplit(self.base_url).hostname or ""
+
+    @property
     def port(self) -> int:
         parts = urlsplit(self.base_url)
         return parts.port or (443 if parts.scheme == "https" else 80)

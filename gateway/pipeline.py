@@ -64,6 +64,7 @@ from gateway.ratelimit import Hold, TenantLimits
 from gateway.receipts import Receipt
 from gateway.relay import Relay, Timeouts
 from gateway.runtime import Runtime
+from gateway.tracing import NS, Span, failed, request_attributes, step
 from gateway.upstream.table import Worker
 
 _SSE_HEADERS = [
@@ -107,6 +108,8 @@ class _Call:
     usage: Usage | None = None
     #: a Responses id the caller was shown: recorded as the tenant's
     relayed_response: str | None = None
+    #: the worker call's span: ended when the worker's response is closed
+    worker_span: Span | None = None
 
     def fail(self, exc: GatewayError) -> None:
         self.facts.error_code, self.facts.error_outcome = exc.code, exc.outcome
@@ -223,26 +226,28 @@ class InferenceEndpoint:
         check_size(body.size, worker.config.max_request_bytes)
 
         limits = tenant.limits
-        call.reservation = await rt.ratelimit.reserve(
-            tenant.name,
-            TenantLimits(
-                limits.requests_per_minute,
-                limits.tokens_per_minute,
-                limits.tokens_per_day,
-                limits.max_concurrent_requests,
-            ),
-            (plan.max_tokens or 0) + estimate_prompt_tokens(plan.prompt_bytes),
-        )
+        with step(call.info.span, "gateway.limits"):
+            call.reservation = await rt.ratelimit.reserve(
+                tenant.name,
+                TenantLimits(
+                    limits.requests_per_minute,
+                    limits.tokens_per_minute,
+                    limits.tokens_per_day,
+                    limits.max_concurrent_requests,
+                ),
+                (plan.max_tokens or 0) + estimate_prompt_tokens(plan.prompt_bytes),
+            )
         rate_headers = call.reservation.headers()
         admission = tenant.policy.admission
         queued_at = time.monotonic()
-        call.permit = await worker.admission.acquire(
-            tenant.name,
-            request_weight(tenant.policy.cost, [m.kind for m in plan.media]),
-            share=admission.share,
-            max_permits=admission.max_permits,
-            timeout_s=admission.queue_timeout_s,
-        )
+        with step(call.info.span, "gateway.admission", {NS + "upstream": worker.name}):
+            call.permit = await worker.admission.acquire(
+                tenant.name,
+                request_weight(tenant.policy.cost, [m.kind for m in plan.media]),
+                share=admission.share,
+                max_permits=admission.max_permits,
+                timeout_s=admission.queue_timeout_s,
+            )
         waited = time.monotonic() - queued_at
         call.receipt.queue_ms = round(waited * 1000, 3)
         rt.metrics.admission_wait.observe(waited)
@@ -352,6 +357,17 @@ class InferenceEndpoint:
             before_end=lambda: self._note_response(call),
         )
         producer = call.producer = BodyProducer(body, rt.evidence.store)
+        span = call.worker_span = info.span.child(
+            f"POST {self.api.path}",
+            kind="client",
+            attributes={
+                "http.request.method": "POST",
+                "server.address": upstream_cfg.host,
+                "server.port": upstream_cfg.port,
+                NS + "upstream": worker.name,
+            },
+        )
+        traceparent = span.traceparent()
 
         def opener() -> Awaitable[Any]:
             return worker.client.open_stream(
@@ -360,6 +376,7 @@ class InferenceEndpoint:
                 info.request_id,
                 size=body.size,
                 accept=self.api.exchange,
+                traceparent=traceparent,
             )
 
         if plan.stream:
@@ -476,6 +493,7 @@ class InferenceEndpoint:
         if facts.shutdown and info.error_code is None and not facts.finished:
             info.error_code = "upstream_unavailable"
         rt.receipts.write(receipt)
+        self._trace(call)
         metrics, tenant = rt.metrics, receipt.tenant
         metrics.child(metrics.stream_outcomes, tenant, receipt.outcome).inc()
         if receipt.usage is not None:
@@ -484,6 +502,17 @@ class InferenceEndpoint:
             metrics.child(metrics.tokens, tenant, "completion", source).inc(
                 receipt.usage.completion_tokens
             )
+
+    def _trace(self, call: _Call) -> None:
+        """GenAI attributes on the request's span; the worker call's span ends
+        with the request's outcome (the app's wrapper ends the request's)."""
+        info, receipt = call.info, call.receipt
+        error = receipt.error_code or ("canceled" if receipt.outcome == "canceled" else None)
+        if call.worker_span is not None:
+            call.worker_span.end(error=error, failed=failed(info.status, receipt.error_code))
+        info.span.set(request_attributes(receipt, self.api.operation))
+        alias = receipt.model_alias
+        info.span_name = f"{self.api.operation} {alias}" if alias else self.api.operation
 
 
 def _encode(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:

@@ -13,12 +13,14 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import anyio
 import anyio.to_thread
 import httpx
 
+from gateway import __version__
 from gateway.admission import AdmissionGroup
 from gateway.auth import Authenticator
 from gateway.auth.keys import load_key_set
@@ -33,6 +35,7 @@ from gateway.policy import PolicySet
 from gateway.ratelimit import LimitsStore, build_limits_store
 from gateway.receipts import ReceiptWriter
 from gateway.response_book import ResponseBook
+from gateway.tracing import NO_TRACING, Tracing, settings_from_env
 from gateway.upstream.probe import probe
 from gateway.upstream.readiness import Readiness
 from gateway.upstream.table import RouteTable, capacities
@@ -40,6 +43,8 @@ from gateway.upstream.table import RouteTable, capacities
 log = logging.getLogger("gateway")
 #: how long a shutdown waits for the limits store's pending settlements
 _LIMITS_CLOSE_S = 5.0
+#: how long a shutdown waits for spans still to be exported
+_TRACING_CLOSE_S = 2.0
 
 
 @dataclass(eq=False)
@@ -63,6 +68,7 @@ class Runtime:
     inflight: set[Exchange] = field(default_factory=set)
     background: list[asyncio.Task[None]] = field(default_factory=list)
     metrics_listener: MetricsListener | None = None
+    tracing: Tracing = NO_TRACING
     #: unix seconds of the runtime's start (``created`` before the worker reports one)
     started_unix: int = field(default_factory=lambda: int(time.time()))
 
@@ -142,7 +148,24 @@ async def _wait_done(exchanges: list[Exchange], timeout_s: float) -> None:
         wait.cancel()
 
 
-async def build_runtime(loaded: Loaded) -> Runtime:
+def tracing_from_env(environ: Mapping[str, str]) -> Tracing:
+    """The OpenTelemetry tracing the standard variables ask for, if the
+    ``otel`` extra is installed; otherwise none (each reason logged once)."""
+    settings = settings_from_env(environ)
+    for warning in settings.warnings:
+        log.warning("tracing: %s", warning)
+    if not settings.enabled:
+        return NO_TRACING
+    try:
+        from gateway import otel
+    except ImportError:
+        log.warning("tracing: OTEL_TRACES_EXPORTER is set but the otel extra is not installed")
+        return NO_TRACING
+    log.info("tracing: on, exporters %s", ", ".join(settings.exporters))
+    return otel.from_settings(settings, __version__)
+
+
+async def build_runtime(loaded: Loaded, tracing: Tracing | None = None) -> Runtime:
     config = loaded.config
     metrics = GatewayMetrics()
     admissions = AdmissionGroup(
@@ -185,6 +208,7 @@ async def build_runtime(loaded: Loaded) -> Runtime:
         uploads=asyncio.Semaphore(config.staging.max_concurrent_uploads),
         responses=ResponseBook(evidence.catalog, config.responses.ttl_s),
         keys_http=keys_http,
+        tracing=tracing if tracing is not None else tracing_from_env(os.environ),
     )
     for problem in await runtime.auth.prefetch():
         log.warning("jwks prefetch: %s", problem)
@@ -232,3 +256,8 @@ async def close_runtime(runtime: Runtime) -> None:
     if runtime.keys_http is not None:
         await runtime.keys_http.aclose()
     runtime.evidence.close()
+    # A collector that hangs must not hold the shutdown: its export is left behind.
+    with anyio.move_on_after(_TRACING_CLOSE_S + 1):
+        await anyio.to_thread.run_sync(
+            runtime.tracing.close, _TRACING_CLOSE_S, abandon_on_cancel=True
+        )

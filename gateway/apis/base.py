@@ -157,6 +157,8 @@ class Api(Protocol):
     name: str
     path: str
     scope: str
+    #: the OpenTelemetry GenAI ``gen_ai.operation.name`` of a call to it
+    operation: str
     #: what the gateway asks the worker for: an SSE stream, or one JSON body
     exchange: Literal["sse", "json"]
 

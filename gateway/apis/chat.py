@@ -184,6 +184,7 @@ class ChatApi:
     name = "chat.completions"
     path = "/v1/chat/completions"
     scope = "inference"
+    operation = "chat"
     exchange: Literal["sse", "json"] = "sse"
 
     def plan(self, body: Any, ctx: PlanContext) -> Plan:

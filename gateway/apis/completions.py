@@ -47,6 +47,7 @@ class CompletionsApi:
     name = "completions"
     path = "/v1/completions"
     scope = "inference"
+    operation = "text_completion"
     exchange: Literal["sse", "json"] = "sse"
 
     def plan(self, body: Any, ctx: PlanContext) -> Plan:

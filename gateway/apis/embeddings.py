@@ -102,6 +102,7 @@ class EmbeddingsApi:
     name = "embeddings"
     path = "/v1/embeddings"
     scope = "inference"
+    operation = "embeddings"
     exchange: Literal["sse", "json"] = "json"
 
     def plan(self, body: Any, ctx: PlanContext) -> Plan:

@@ -310,6 +310,7 @@ class ResponsesApi:
     name = "responses"
     path = "/v1/responses"
     scope = "inference"
+    operation = "chat"
     exchange: Literal["sse", "json"] = "sse"
 
     def plan(self, body: Any, ctx: PlanContext) -> Plan:

@@ -19,6 +19,7 @@ import uvicorn
 import yaml
 
 from gateway.loader import Loaded, load_all
+from gateway.tracing import Tracing
 
 SIM_ROUTE = "/srv/mosaic-models/" + hashlib.sha256(b"mistralrs-protocol-simulator").hexdigest()
 DEMO_SECRET_ENV = "MISTRALRS_GATEWAY_DEV_SECRET"  # noqa: S105 - a variable name
@@ -136,12 +137,14 @@ class ThreadedServer:
 class Gateway:
     """A loaded config served by a ThreadedServer; ``runtime`` is the live Runtime."""
 
-    def __init__(self, config_path: Path, **server_options: Any) -> None:
+    def __init__(
+        self, config_path: Path, *, tracing: Tracing | None = None, **server_options: Any
+    ) -> None:
         from gateway.app import create_app
         from gateway.server import uvicorn_config
 
         self.loaded: Loaded = load_all(config_path)
-        self.app = create_app(self.loaded)
+        self.app = create_app(self.loaded, tracing)
         # The listener exactly as `serve` builds it, except: the stdlib event loop,
         # so that tracemalloc sees transport buffers in memory-bound tests, and a
         # short shutdown; tests may override single options.

@@ -151,6 +151,7 @@ class Upstream:
         *,
         size: int | None = None,
         accept: Accept = "sse",
+        traceparent: bytes | None = None,
     ) -> UpstreamStream:
         """Send one request and return its checked response.
 
@@ -159,6 +160,8 @@ class Upstream:
         known length is the plainest for every HTTP/1.1 server). A piece that
         fails to come (``GatewayError`` from the producer) closes the connection
         before the body is complete, so the worker never runs it.
+        ``traceparent`` is the gateway's own span's (hex digits and dashes from
+        the tracer, never a caller's header).
         """
         if isinstance(body, bytes):
             size, pieces = len(body), _once(body)
@@ -169,12 +172,13 @@ class Upstream:
         head = (
             b"POST %b HTTP/1.1\r\nhost: %b\r\ncontent-type: application/json\r\n"
             b"accept: %b\r\naccept-encoding: identity\r\n"
-            b"x-request-id: %b\r\ncontent-length: %d\r\n\r\n"
+            b"x-request-id: %b\r\n%bcontent-length: %d\r\n\r\n"
             % (
                 path.encode("ascii"),
                 self._authority,
                 _ACCEPT[accept],
                 request_id.encode("ascii"),
+                b"traceparent: %b\r\n" % traceparent if traceparent else b"",
                 size,
             )
         )

@@ -75,10 +75,11 @@ def sim_running(**options: Any) -> Iterator[Simulator]:
 
 
 @contextmanager
-def serve(config: Path, tmp: Path) -> Iterator[Served]:
-    """Start ``serve`` on an OS-chosen port; return once it printed its address."""
+def serve(config: Path, tmp: Path, env: dict[str, str] | None = None) -> Iterator[Served]:
+    """Start ``serve`` on an OS-chosen port; return once it printed its address.
+    ``env`` adds to the test's environment."""
     stdout, stderr = tmp / "serve.stdout", tmp / "serve.stderr"
-    env = {**os.environ, DEMO_SECRET_ENV: HS_SECRET}
+    env = {**os.environ, DEMO_SECRET_ENV: HS_SECRET, **(env or {})}
     env.pop("GATEWAY_LOG_LEVEL", None)
     argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", "0"]
     with stdout.open("wb") as out, stderr.open("wb") as err:

@@ -24,6 +24,7 @@ from gateway.testing.harness import (
     write_config,
 )
 from gateway.testing.simulator import SimRequest, Simulator
+from gateway.tracing import Tracing
 from tests.support.jwt import AUDIENCE, HS_SECRET, ISSUER, JWKS_PATH, make_claims, sign_rs256
 
 API_KEY = "sk-test-acme-nightly-batch-0000000000000000"
@@ -139,6 +140,7 @@ def running_stack(
     sim_options: dict[str, Any] | None = None,
     server_options: dict[str, Any] | None = None,
     more_upstreams: list[dict[str, Any]] | None = None,
+    tracing: Tracing | None = None,
     **sections: Any,
 ) -> Iterator[Stack]:
     """The simulator behind a gateway. ``more_upstreams`` adds workers (spec §16):
@@ -159,7 +161,7 @@ def running_stack(
             issuers=issuers(),
             **sections,
         )
-        with Gateway(config, **(server_options or {})) as gateway:
+        with Gateway(config, tracing=tracing, **(server_options or {})) as gateway:
             stack = Stack(directory, sim, gateway)
             assert gateway.wait_ready(), "gateway never saw the simulator ready"
             yield stack
