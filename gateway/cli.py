@@ -17,16 +17,23 @@ def _load(path: str) -> Loaded:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    import logging
+
     from gateway.app import create_app
-    from gateway.auth.keys import load_key_set
     from gateway.logs import setup_logging
-    from gateway.ratelimit.factory import store_password
+    from gateway.preflight import load_checked
     from gateway.server import serve
 
-    loaded = _load(args.config)
-    load_key_set(loaded.config.auth, os.environ)  # fail before listening, not in the lifespan
-    store_password(loaded.config, os.environ)  # likewise: the limits store's password
+    checked = load_checked(Path(args.config), os.environ)
+    if checked.loaded is None:
+        # One line per problem, naming its config key: nothing is served half-configured.
+        for line in checked.errors:
+            print(f"error: {line}", file=sys.stderr)
+        return 1
+    loaded = checked.loaded
     setup_logging(loaded.config.logging.level)
+    for warning in checked.warnings:
+        logging.getLogger("gateway").warning("config: %s", warning)
     listen = loaded.config.listen
     host = args.host or listen.host
     port = listen.port if args.port is None else args.port
@@ -34,10 +41,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from gateway.auth.keys import load_key_set
+    from gateway.preflight import load_checked
 
-    loaded = _load(args.config)
-    load_key_set(loaded.config.auth, os.environ)
+    checked = load_checked(Path(args.config), os.environ)
+    if checked.loaded is None:
+        print("error: configuration is invalid:", file=sys.stderr)
+        for line in checked.errors:
+            print(f"  {line}", file=sys.stderr)
+        for warning in checked.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+        return 1
+    loaded = checked.loaded
     config = loaded.config
     print(f"config: {args.config}: ok")
     print(f"upstream: {config.upstream.base_url} route {config.upstream.route}")
@@ -60,7 +74,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             f"share={tenant.policy.admission.share} "
             f"max_permits={tenant.policy.admission.max_permits}"
         )
-    for warning in loaded.warnings:
+    for warning in checked.warnings:
         print(f"warning: {warning}")
     return 0
 
