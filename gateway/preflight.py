@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Literal
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
 from pydantic import BaseModel
 
 from gateway.auth.keys import KeyFetchError, check_jwks_url, hs256_secret, parse_jwks
@@ -130,7 +132,7 @@ def check_tls(tls: TLSConfig) -> list[Finding]:
     if cert is not None:
         findings += _check_certificates("listen.tls.certfile", tls.certfile, cert)
     if cert is not None and key is not None and not findings:
-        findings += _check_pair(tls)
+        findings += _check_pair(tls, key)
     if tls.client_ca is not None:
         findings += check_ca_bundle("listen.tls.client_ca", tls.client_ca)
     return findings
@@ -152,23 +154,31 @@ def _check_certificates(key: str, path: Path, data: bytes) -> list[Finding]:
     return []
 
 
-def _check_pair(tls: TLSConfig) -> list[Finding]:
+def _check_pair(tls: TLSConfig, key_data: bytes) -> list[Finding]:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
         context.load_cert_chain(tls.certfile, tls.keyfile, password=_no_password)
     except _EncryptedKey:
-        return [
-            _error("listen.tls.keyfile", "is encrypted (serve takes no key password)", tls.keyfile)
-        ]
-    except ssl.SSLError as exc:
-        if exc.reason == "KEY_VALUES_MISMATCH":
-            problem = "does not match the certificate in listen.tls.certfile"
-        else:
+        problem = "is encrypted (serve takes no key password)"
+    except ssl.SSLError:
+        # The certificate parsed already: either the key does not parse, or it
+        # is a key of another certificate (OpenSSL words that several ways).
+        problem = "does not match the certificate in listen.tls.certfile"
+        if not _is_private_key(key_data):
             problem = "is not a PEM private key usable with listen.tls.certfile"
-        return [_error("listen.tls.keyfile", problem, tls.keyfile)]
     except OSError as exc:  # the file changed between the reads
-        return [_error("listen.tls.keyfile", f"cannot read ({type(exc).__name__})", tls.keyfile)]
-    return []
+        problem = f"cannot read ({type(exc).__name__})"
+    else:
+        return []
+    return [_error("listen.tls.keyfile", problem, tls.keyfile)]
+
+
+def _is_private_key(data: bytes) -> bool:
+    try:
+        serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        return False
+    return True
 
 
 def check_ca_bundle(key: str, path: Path) -> list[Finding]:
