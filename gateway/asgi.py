@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from gateway.auth.failures import failure_reason
 from gateway.errors import GatewayError
 from gateway.metrics import UNKNOWN_TENANT
 
@@ -42,6 +43,8 @@ class RequestInfo:
     status: int = 0
     outcome: str | None = None
     error_code: str | None = None
+    #: why authentication failed (gateway.auth.failures.REASONS), for operators only
+    auth_failure: str | None = None
 
 
 def header(scope: Scope, name: bytes) -> list[bytes]:
@@ -91,4 +94,5 @@ async def send_json(
 
 async def send_error(send: Send, exc: GatewayError, info: RequestInfo) -> None:
     info.error_code = exc.code
+    info.auth_failure = failure_reason(exc)
     await send_json(send, exc.status, exc.body(), exc.response_headers())
