@@ -95,11 +95,19 @@ def cmd_launch_plan(args: argparse.Namespace) -> int:
 def cmd_token(args: argparse.Namespace) -> int:
     from gateway.auth import mint_dev_token
 
-    config = load_config(Path(args.config))
+    loaded = _load(args.config)
+    if args.tenant not in loaded.policies.tenants:
+        # A token for a tenant without a policy would only ever get 403.
+        print(
+            f"error: tenant_not_configured: no policy for tenant {args.tenant!r} "
+            f"in {loaded.config.policies_dir}",
+            file=sys.stderr,
+        )
+        return 1
     scopes = args.scope or ["inference", "evidence"]
     try:
         token = mint_dev_token(
-            config.auth,
+            loaded.config.auth,
             args.tenant,
             scopes=scopes,
             ttl_s=args.ttl,
