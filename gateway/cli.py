@@ -156,6 +156,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo()
 
 
+def cmd_bundle_digest(args: argparse.Namespace) -> int:
+    from gateway.bundle import BundleError, bundle_digest
+
+    try:
+        bundle = bundle_digest(Path(args.directory))
+    except BundleError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        report = {
+            "directory": str(Path(args.directory).resolve()),
+            "model_bundle_sha256": bundle.sha256,
+            "files": [f.entry() for f in bundle.files],
+        }
+        print(json.dumps(report, indent=2))
+    else:
+        print(bundle.sha256)
+    return 0
+
+
 def cmd_simulator(args: argparse.Namespace) -> int:
     from gateway.testing.simulator import main as simulator_main
 
@@ -199,6 +219,18 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--locator")
     add.add_argument("file")
     add.set_defaults(func=cmd_evidence_add)
+
+    from gateway.bundle import DEFINITION
+
+    p = verbs.add_parser(
+        "bundle-digest",
+        help="compute model_bundle_sha256 of a model directory",
+        description=DEFINITION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("directory", help="the model directory (as mounted for the worker)")
+    p.add_argument("--json", action="store_true", help="also print the per-file manifest")
+    p.set_defaults(func=cmd_bundle_digest)
 
     p = verbs.add_parser("demo", help="simulator + gateway + one multimodal request")
     p.add_argument(
