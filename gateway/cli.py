@@ -176,6 +176,13 @@ def cmd_bundle_digest(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_schema(args: argparse.Namespace) -> int:
+    from gateway.docgen import json_schema
+
+    print(json.dumps(json_schema(args.which), indent=2))
+    return 0
+
+
 def cmd_simulator(args: argparse.Namespace) -> int:
     from gateway.testing.simulator import main as simulator_main
 
@@ -231,6 +238,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("directory", help="the model directory (as mounted for the worker)")
     p.add_argument("--json", action="store_true", help="also print the per-file manifest")
     p.set_defaults(func=cmd_bundle_digest)
+
+    p = verbs.add_parser(
+        "schema",
+        help="print the JSON Schema of gateway.yaml (config) or of a tenant policy (policy)",
+        description="The JSON Schema of the pydantic models the files are parsed into "
+        "(docs/reference.md is generated from the same models).",
+    )
+    p.add_argument("which", choices=("config", "policy"))
+    p.set_defaults(func=cmd_schema)
 
     p = verbs.add_parser("demo", help="simulator + gateway + one multimodal request")
     p.add_argument(

@@ -115,7 +115,7 @@ class LaunchConfig(Model):
     )
     model_dir: str = Field(
         description=(
-            "Absolute path of the bundle, ending with /<model_bundle_sha256>; must equal "
+            "Absolute path of the bundle, ending with `/<model_bundle_sha256>`; must equal "
             "upstream.route (the worker's -m)."
         ),
     )
@@ -336,7 +336,7 @@ class StagingConfig(Model):
 
     dir: RelPath = Field(
         Path("var/evidence"),
-        description="Gateway-side evidence store (read-write); files are <sha256>.<ext>.",
+        description="Gateway-side evidence store (read-write); files are `<sha256>.<ext>`.",
     )
     catalog: RelPath = Field(
         Path("var/catalog.sqlite3"),
@@ -350,7 +350,7 @@ class StagingConfig(Model):
     )
     worker_url_prefix: str | None = Field(
         None,
-        description="file_url only: the staging dir as the worker mounts it (file:///...).",
+        description="file_url only: the staging dir as the worker mounts it (`file:///...`).",
     )
     max_concurrent_uploads: PositiveInt = Field(
         4,
@@ -461,7 +461,7 @@ class AuditConfig(Model):
     rotate_bytes: Annotated[int, Field(ge=0)] = Field(
         0,
         description=(
-            "Rotate to <path>.1 ... <path>.<keep> before the file passes this size (0: off)."
+            "Rotate to `<path>.1` ... `<path>.<keep>` before the file passes this size (0: off)."
         ),
     )
     keep: Annotated[int, Field(ge=0, le=1000)] = Field(10, description="Rotated files kept.")

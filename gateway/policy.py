@@ -28,10 +28,10 @@ class ApiKey(Model):
     """A static API key; only its SHA-256 is stored."""
 
     name: Annotated[str, Field(min_length=1, max_length=64)] = Field(
-        description="Key name (receipts name the subject apikey:<name>).",
+        description="Key name (receipts name the subject `apikey:<name>`).",
     )
     sha256: Hex64 = Field(
-        description=('SHA-256 of the key, 64 lowercase hex (printf %s "$KEY" | sha256sum).'),
+        description='SHA-256 of the key, 64 lowercase hex (`printf %s "$KEY" | sha256sum`).',
     )
 
 
@@ -144,7 +144,7 @@ class EvidencePolicy(Model):
 
 
 class TenantPolicy(Model):
-    """One tenant's policy: policies/<tenant>.yaml."""
+    """One tenant's policy: `policies/<tenant>.yaml`."""
 
     tenant: Annotated[str, Field(pattern=TENANT_NAME)] = Field(
         description="Tenant name; must equal the file's stem.",
