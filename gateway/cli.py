@@ -151,9 +151,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         from gateway.demo_engine import run_engine_demo
 
         return run_engine_demo(args.model_size, args.max_tokens)
-    from gateway.demo import run_demo
+    from gateway.demo import DEFAULT_DIR, run_demo
 
-    return run_demo()
+    return run_demo(Path(args.dir) if args.dir else DEFAULT_DIR)
 
 
 def cmd_bundle_digest(args: argparse.Namespace) -> int:
@@ -255,6 +255,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="instead: the real mistral.rs engine on a generated random-weight model "
         "(test equipment, needs the engine extra) + gateway + one streaming and one "
         "non-streaming text request",
+    )
+    p.add_argument(
+        "--dir",
+        help="where the demo writes its config, policies, evidence and receipts "
+        "(default var/demo; a rerun replaces it)",
     )
     p.add_argument("--model-size", choices=("tiny", "small"), default="small")
     p.add_argument("--max-tokens", type=int, default=128)
