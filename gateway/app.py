@@ -33,6 +33,7 @@ from gateway.runtime import Runtime, build_runtime, close_runtime, start_backgro
 from gateway.tracing import NO_SPAN, NS, Tracing, failed
 
 access_log = logging.getLogger("gateway.access")
+auth_log = logging.getLogger("gateway.auth")
 
 RawHandler = Callable[[Scope, Receive, Send], Awaitable[None]]
 _CORS_METHODS = b"GET, POST, DELETE, OPTIONS"
@@ -160,6 +161,20 @@ class GatewayApp:
             # Every refusal counted in one place, whichever route answered it.
             runtime.metrics.request_done(
                 info.tenant, info.endpoint, info.status, elapsed, info.error_code
+            )
+            if info.auth_failure is not None:
+                runtime.metrics.auth_failed(info.auth_failure)
+        if info.auth_failure is not None:
+            # The reason is for operators; the caller got the generic code.
+            auth_log.info(
+                "authentication failed: %s",
+                info.auth_failure,
+                extra={
+                    "request_id": info.request_id,
+                    "route": info.endpoint,
+                    "error_code": info.error_code,
+                    "reason": info.auth_failure,
+                },
             )
         if access_log.isEnabledFor(logging.INFO):
             access_log.info(

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from gateway.auth.failures import failure_reason
 from gateway.errors import GatewayError
 from gateway.metrics import UNKNOWN_TENANT
 from gateway.tracing import NO_SPAN, Span
@@ -47,6 +48,8 @@ class RequestInfo:
     span: Span = NO_SPAN
     #: the span's final name when the handler knows a better one than its route
     span_name: str | None = None
+    #: why authentication failed (gateway.auth.failures.REASONS), for operators only
+    auth_failure: str | None = None
 
 
 def header(scope: Scope, name: bytes) -> list[bytes]:
@@ -96,4 +99,5 @@ async def send_json(
 
 async def send_error(send: Send, exc: GatewayError, info: RequestInfo) -> None:
     info.error_code = exc.code
+    info.auth_failure = failure_reason(exc)
     await send_json(send, exc.status, exc.body(), exc.response_headers())

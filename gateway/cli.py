@@ -17,16 +17,23 @@ def _load(path: str) -> Loaded:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    import logging
+
     from gateway.app import create_app
-    from gateway.auth.keys import load_key_set
     from gateway.logs import setup_logging
-    from gateway.ratelimit.factory import store_password
+    from gateway.preflight import load_checked
     from gateway.server import serve
 
-    loaded = _load(args.config)
-    load_key_set(loaded.config.auth, os.environ)  # fail before listening, not in the lifespan
-    store_password(loaded.config, os.environ)  # likewise: the limits store's password
+    checked = load_checked(Path(args.config), os.environ)
+    if checked.loaded is None:
+        # One line per problem, naming its config key: nothing is served half-configured.
+        for line in checked.errors:
+            print(f"error: {line}", file=sys.stderr)
+        return 1
+    loaded = checked.loaded
     setup_logging(loaded.config.logging.level)
+    for warning in checked.warnings:
+        logging.getLogger("gateway").warning("config: %s", warning)
     listen = loaded.config.listen
     host = args.host or listen.host
     port = listen.port if args.port is None else args.port
@@ -34,10 +41,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from gateway.auth.keys import load_key_set
+    from gateway.preflight import load_checked
 
-    loaded = _load(args.config)
-    load_key_set(loaded.config.auth, os.environ)
+    checked = load_checked(Path(args.config), os.environ)
+    if checked.loaded is None:
+        print("error: configuration is invalid:", file=sys.stderr)
+        for line in checked.errors:
+            print(f"  {line}", file=sys.stderr)
+        for warning in checked.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+        return 1
+    loaded = checked.loaded
     config = loaded.config
     print(f"config: {args.config}: ok")
     for upstream in config.workers:
@@ -66,7 +80,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             f"share={tenant.policy.admission.share} "
             f"max_permits={tenant.policy.admission.max_permits}"
         )
-    for warning in loaded.warnings:
+    for warning in checked.warnings:
         print(f"warning: {warning}")
     return 0
 
@@ -87,11 +101,19 @@ def cmd_launch_plan(args: argparse.Namespace) -> int:
 def cmd_token(args: argparse.Namespace) -> int:
     from gateway.auth import mint_dev_token
 
-    config = load_config(Path(args.config))
+    loaded = _load(args.config)
+    if args.tenant not in loaded.policies.tenants:
+        # A token for a tenant without a policy would only ever get 403.
+        print(
+            f"error: tenant_not_configured: no policy for tenant {args.tenant!r} "
+            f"in {loaded.config.policies_dir}",
+            file=sys.stderr,
+        )
+        return 1
     scopes = args.scope or ["inference", "evidence"]
     try:
         token = mint_dev_token(
-            config.auth,
+            loaded.config.auth,
             args.tenant,
             scopes=scopes,
             ttl_s=args.ttl,
@@ -135,9 +157,36 @@ def cmd_demo(args: argparse.Namespace) -> int:
         from gateway.demo_engine import run_engine_demo
 
         return run_engine_demo(args.model_size, args.max_tokens)
-    from gateway.demo import run_demo
+    from gateway.demo import DEFAULT_DIR, run_demo
 
-    return run_demo()
+    return run_demo(Path(args.dir) if args.dir else DEFAULT_DIR)
+
+
+def cmd_bundle_digest(args: argparse.Namespace) -> int:
+    from gateway.bundle import BundleError, bundle_digest
+
+    try:
+        bundle = bundle_digest(Path(args.directory))
+    except BundleError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        report = {
+            "directory": str(Path(args.directory).resolve()),
+            "model_bundle_sha256": bundle.sha256,
+            "files": [f.entry() for f in bundle.files],
+        }
+        print(json.dumps(report, indent=2))
+    else:
+        print(bundle.sha256)
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from gateway.docgen import json_schema
+
+    print(json.dumps(json_schema(args.which), indent=2))
+    return 0
 
 
 def cmd_simulator(args: argparse.Namespace) -> int:
@@ -184,6 +233,27 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("file")
     add.set_defaults(func=cmd_evidence_add)
 
+    from gateway.bundle import DEFINITION
+
+    p = verbs.add_parser(
+        "bundle-digest",
+        help="compute model_bundle_sha256 of a model directory",
+        description=DEFINITION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("directory", help="the model directory (as mounted for the worker)")
+    p.add_argument("--json", action="store_true", help="also print the per-file manifest")
+    p.set_defaults(func=cmd_bundle_digest)
+
+    p = verbs.add_parser(
+        "schema",
+        help="print the JSON Schema of gateway.yaml (config) or of a tenant policy (policy)",
+        description="The JSON Schema of the pydantic models the files are parsed into "
+        "(docs/reference.md is generated from the same models).",
+    )
+    p.add_argument("which", choices=("config", "policy"))
+    p.set_defaults(func=cmd_schema)
+
     p = verbs.add_parser("demo", help="simulator + gateway + one multimodal request")
     p.add_argument(
         "--engine",
@@ -191,6 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="instead: the real mistral.rs engine on a generated random-weight model "
         "(test equipment, needs the engine extra) + gateway + one streaming and one "
         "non-streaming text request",
+    )
+    p.add_argument(
+        "--dir",
+        help="where the demo writes its config, policies, evidence and receipts "
+        "(default var/demo; a rerun replaces it)",
     )
     p.add_argument("--model-size", choices=("tiny", "small"), default="small")
     p.add_argument("--max-tokens", type=int, default=128)

@@ -48,22 +48,49 @@ class Model(BaseModel):
 
 
 class TLSConfig(Model):
-    certfile: RelPath
-    keyfile: RelPath
-    client_ca: RelPath | None = None
+    """TLS on the listener; omit the section for plain HTTP (loopback and tests only)."""
+
+    certfile: RelPath = Field(description="Server certificate chain (PEM).")
+    keyfile: RelPath = Field(description="Private key of the certificate (PEM, unencrypted).")
+    client_ca: RelPath | None = Field(
+        None,
+        description=(
+            "CA bundle (PEM); when set, every client must present a certificate it issued (mTLS)."
+        ),
+    )
 
 
 class ListenConfig(Model):
-    host: str = "0.0.0.0"
-    port: Annotated[int, Field(ge=0, le=65535)] = 8443
-    tls: TLSConfig | None = None
-    shutdown_grace_s: Annotated[float, Field(ge=0)] = 30
+    """The callers' listener."""
+
+    host: str = Field("0.0.0.0", description="Address to bind.")
+    port: Annotated[int, Field(ge=0, le=65535)] = Field(
+        8443,
+        description="Port to bind (0: the OS chooses; `serve` prints the one chosen).",
+    )
+    tls: TLSConfig | None = Field(None, description="TLS settings; absent: plain HTTP.")
+    shutdown_grace_s: Annotated[float, Field(ge=0)] = Field(
+        30,
+        description="SIGTERM: how long requests in flight may finish before they are ended.",
+    )
     # Not in the spec's example (added for hostile clients, see docs/security.md):
     # a request head must arrive within header_timeout_s of its first byte (or of
     # the connection), a body within body_timeout_s of its head.
-    header_timeout_s: Annotated[float, Field(gt=0, le=300)] = 10
-    body_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 30
-    max_header_bytes: Annotated[int, Field(ge=4096, le=1_048_576)] = 32_768
+    header_timeout_s: Annotated[float, Field(gt=0, le=300)] = Field(
+        10,
+        description=(
+            "A request head must be complete this long after its first byte (or the "
+            "connection); else 408."
+        ),
+    )
+    body_timeout_s: Annotated[float, Field(gt=0, le=3600)] = Field(
+        30,
+        description="A request body must be complete this long after its head; else 408.",
+    )
+    max_header_bytes: Annotated[int, Field(ge=4096, le=1_048_576)] = Field(
+        32_768,
+        description="Cap on the request line plus headers; more is 431.",
+    )
 
 
 def _digest_addressed(model_dir: str, bundle: str) -> None:
@@ -86,14 +113,32 @@ def _quantized_file(format: str, quantized_file: str | None) -> None:
 class ModelLaunch(Model):
     """One model of a multi-model worker (``mistralrs from-config``)."""
 
-    model_public_id: str
-    model_revision: Annotated[str, Field(min_length=1)]
-    model_bundle_sha256: Hex64
-    model_dir: str
-    format: Literal["plain", "gguf", "ggml"] = "plain"
-    #: gguf/ggml: the model file's name inside model_dir (``-f``)
-    quantized_file: str | None = None
-    kind: Literal["auto", "text", "multimodal", "embedding"] = "auto"
+    model_public_id: str = Field(
+        description="The model's public id, for humans (a hub id alone is not immutable).",
+    )
+    model_revision: Annotated[str, Field(min_length=1)] = Field(
+        description="The upstream commit of the model.",
+    )
+    model_bundle_sha256: Hex64 = Field(
+        description=(
+            "Digest of the reviewed local model directory (`mistralrs-gateway bundle-digest`)."
+        ),
+    )
+    model_dir: str = Field(
+        description=(
+            "Absolute path of the bundle, ending with `/<model_bundle_sha256>`; one of the "
+            "upstream's routes (the model's id at the worker)."
+        ),
+    )
+    format: Literal["plain", "gguf", "ggml"] = Field("plain", description="Model format.")
+    quantized_file: str | None = Field(
+        None,
+        description="gguf/ggml only: the model file's name inside model_dir (-f).",
+    )
+    kind: Literal["auto", "text", "multimodal", "embedding"] = Field(
+        "auto",
+        description="The from-config model kind (`auto` lets the worker detect it).",
+    )
 
     @model_validator(mode="after")
     def _checks(self) -> ModelLaunch:
@@ -108,29 +153,76 @@ class LaunchConfig(Model):
     One model (``model_*`` fields, ``mistralrs serve``), or several
     (``models``, ``mistralrs from-config`` with a generated TOML file)."""
 
-    version: Annotated[str, Field(pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$")]
-    binary_sha256: Hex64
-    model_public_id: str | None = None
-    model_revision: Annotated[str, Field(min_length=1)] | None = None
-    model_bundle_sha256: Hex64 | None = None
-    model_dir: str | None = None
-    format: Literal["plain", "gguf", "ggml"] = "plain"
-    #: gguf/ggml: the model file's name inside model_dir (``-f/--quantized-file``)
-    quantized_file: str | None = None
-    #: a multi-model worker's models, each served under its model_dir
-    models: list[ModelLaunch] | None = None
-    #: where the pod mounts the generated from-config TOML (multi-model only;
-    #: default /etc/mistralrs/models.toml)
-    config_path: str | None = None
-    port: Annotated[int, Field(ge=1, le=65535)] = 1234
-    max_seqs: PositiveInt = 8
-    max_seq_len: PositiveInt = 4096
-    max_batch_size: PositiveInt = 1
-    paged_attn: Literal["auto", "on", "off"] = "auto"
-    prefix_cache_n: Annotated[int, Field(ge=0)] = 16
-    max_num_images: PositiveInt = 8
-    max_edge: PositiveInt = 1024
-    device: Literal["cpu", "cuda", "metal"] = "cpu"
+    version: Annotated[str, Field(pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$")] = Field(
+        description="Exact mistral.rs release MAJOR.MINOR.PATCH (`latest` is refused).",
+    )
+    binary_sha256: Hex64 = Field(
+        description="SHA-256 of the `mistralrs` binary (64 lowercase hex).",
+    )
+    model_public_id: str | None = Field(
+        None,
+        description=(
+            "One-model launch: the model's public id, for humans (a hub id alone is not immutable)."
+        ),
+    )
+    model_revision: Annotated[str, Field(min_length=1)] | None = Field(
+        None, description="One-model launch: the upstream commit of the model."
+    )
+    model_bundle_sha256: Hex64 | None = Field(
+        None,
+        description=(
+            "One-model launch: digest of the reviewed local model directory "
+            "(`mistralrs-gateway bundle-digest`)."
+        ),
+    )
+    model_dir: str | None = Field(
+        None,
+        description=(
+            "One-model launch: absolute path of the bundle, ending with "
+            "`/<model_bundle_sha256>`; must equal the upstream's route (the worker's -m)."
+        ),
+    )
+    format: Literal["plain", "gguf", "ggml"] = Field(
+        "plain", description="One-model launch: model format (--format)."
+    )
+    quantized_file: str | None = Field(
+        None,
+        description=(
+            "One-model gguf/ggml launch: the model file's name inside model_dir "
+            "(-f/--quantized-file)."
+        ),
+    )
+    models: list[ModelLaunch] | None = Field(
+        None,
+        description=(
+            "A multi-model worker's models (instead of the model_* fields): launched with "
+            "`mistralrs from-config`, each served under its model_dir."
+        ),
+    )
+    config_path: str | None = Field(
+        None,
+        description=(
+            "Multi-model only: where the pod mounts the generated from-config TOML "
+            "(default /etc/mistralrs/models.toml)."
+        ),
+    )
+    port: Annotated[int, Field(ge=1, le=65535)] = Field(
+        1234,
+        description="Worker port; must equal the port of the upstream's base_url.",
+    )
+    max_seqs: PositiveInt = Field(8, description="--max-seqs: sequences the worker runs at once.")
+    max_seq_len: PositiveInt = Field(4096, description="--max-seq-len.")
+    max_batch_size: PositiveInt = Field(1, description="--max-batch-size.")
+    paged_attn: Literal["auto", "on", "off"] = Field("auto", description="--paged-attn.")
+    prefix_cache_n: Annotated[int, Field(ge=0)] = Field(16, description="--prefix-cache-n.")
+    max_num_images: PositiveInt = Field(8, description="--max-num-images.")
+    max_edge: PositiveInt = Field(1024, description="--max-edge (pixels).")
+    device: Literal["cpu", "cuda", "metal"] = Field(
+        "cpu",
+        description=(
+            "`cpu` adds --cpu; `cuda` and `metal` use what the pinned binary was built for."
+        ),
+    )
 
     @model_validator(mode="after")
     def _one_or_many(self) -> LaunchConfig:
@@ -175,11 +267,19 @@ class LaunchConfig(Model):
 class ProbeConfig(Model):
     """Semantic readiness (spec §16): a one-token request through the full validator."""
 
-    #: what the route serves: a streamed chat completion, or an embedding
-    kind: Literal["chat", "embeddings"] = "chat"
-    max_tokens: Annotated[int, Field(ge=1, le=16)] = 1
-    timeout_s: PositiveFloat = 30
-    prompt: Annotated[str, Field(min_length=1, max_length=256)] = "ping"
+    kind: Literal["chat", "embeddings"] = Field(
+        "chat",
+        description="What the route serves: a streamed chat completion, or an embedding.",
+    )
+    max_tokens: Annotated[int, Field(ge=1, le=16)] = Field(
+        1, description="Output tokens the chat probe asks for."
+    )
+    timeout_s: PositiveFloat = Field(
+        30, description="The probe's whole budget; slower is `probe_failed`."
+    )
+    prompt: Annotated[str, Field(min_length=1, max_length=256)] = Field(
+        "ping", description="The probe's input text."
+    )
 
 
 UPSTREAM_NAME = r"^[a-z0-9-]{1,32}$"
@@ -189,29 +289,77 @@ class UpstreamConfig(Model):
     """One worker. ``upstream:`` (one worker, named ``default``, one ``route``)
     or each entry of ``upstreams:`` (``name`` and ``routes``)."""
 
-    name: Annotated[str, Field(pattern=UPSTREAM_NAME)] = "default"
-    base_url: str = "http://127.0.0.1:1234"
-    allow_remote: bool = False
-    #: the one route of the ``upstream:`` shorthand
-    route: Annotated[str, Field(min_length=1)] | None = None
-    #: the exact routes this worker serves
-    routes: list[Annotated[str, Field(min_length=1)]] = []
-    #: this worker's admission permits (default: admission.capacity)
-    capacity: PositiveInt | None = None
-    probe: ProbeConfig | None = None
-    connect_timeout_s: PositiveFloat = 2
-    first_event_timeout_s: PositiveFloat = 120
-    idle_timeout_s: PositiveFloat = 30
-    total_timeout_s: PositiveFloat = 600
-    readiness_poll_s: PositiveFloat = 2
-    readiness_timeout_s: PositiveFloat = 2
-    max_request_bytes: PositiveInt = 52_428_800
-    max_line_bytes: PositiveInt = 1_048_576
-    max_stream_bytes: PositiveInt = 67_108_864
-    max_events: PositiveInt = 100_000
-    #: U+0000 in streamed text (spec §14): replace with U+FFFD, pass, or reject
-    text_nul: Literal["replace", "pass", "reject"] = "replace"
-    launch: LaunchConfig | None = None
+    name: Annotated[str, Field(pattern=UPSTREAM_NAME)] = Field(
+        "default",
+        description="The worker's name in metrics, receipts and /readyz (`upstreams:` entries).",
+    )
+    base_url: str = Field(
+        "http://127.0.0.1:1234",
+        description="The worker's http(s) origin (no path).",
+    )
+    allow_remote: bool = Field(
+        False, description="Allow a base_url that is not a loopback address."
+    )
+    route: Annotated[str, Field(min_length=1)] | None = Field(
+        None,
+        description=(
+            "`upstream:` only: the one route (the worker's model id) the aliases may point at."
+        ),
+    )
+    routes: list[Annotated[str, Field(min_length=1)]] = Field(
+        [],
+        description="`upstreams:` entries: the exact routes this worker serves.",
+    )
+    capacity: PositiveInt | None = Field(
+        None,
+        description="This worker's admission permits (default: admission.capacity).",
+    )
+    probe: ProbeConfig | None = Field(
+        None,
+        description=(
+            "A request through the full validator before a route counts as ready; absent: "
+            "the models listing alone."
+        ),
+    )
+    connect_timeout_s: PositiveFloat = Field(2, description="Connecting to the worker.")
+    first_event_timeout_s: PositiveFloat = Field(
+        120,
+        description=(
+            "From sending the request to the worker's first event (or whole JSON answer)."
+        ),
+    )
+    idle_timeout_s: PositiveFloat = Field(
+        30, description="Longest silence between two events (keep-alives count)."
+    )
+    total_timeout_s: PositiveFloat = Field(
+        600, description="A whole worker exchange; also sizes the shared limits' leases."
+    )
+    readiness_poll_s: PositiveFloat = Field(2, description="Interval of the readiness poll.")
+    readiness_timeout_s: PositiveFloat = Field(
+        2, description="Budget of one readiness poll of the models listing."
+    )
+    max_request_bytes: PositiveInt = Field(
+        52_428_800,
+        description="Largest body the worker accepts (the worker's own 50 MB limit).",
+    )
+    max_line_bytes: PositiveInt = Field(
+        1_048_576, description="Longest SSE line (and event) accepted from the worker."
+    )
+    max_stream_bytes: PositiveInt = Field(
+        67_108_864, description="Most bytes accepted in one worker answer."
+    )
+    max_events: PositiveInt = Field(100_000, description="Most events in one worker answer.")
+    text_nul: Literal["replace", "pass", "reject"] = Field(
+        "replace",
+        description=(
+            "U+0000 in streamed text (spec §14): replace with U+FFFD, pass, or reject "
+            "(upstream_protocol_error)."
+        ),
+    )
+    launch: LaunchConfig | None = Field(
+        None,
+        description="The pinned worker launch (`launch-plan`); absent: the worker is external.",
+    )
 
     @field_validator("base_url")
     @classmethod
@@ -274,18 +422,60 @@ def is_loopback_host(host: str) -> bool:
 
 
 class IssuerConfig(Model):
-    issuer: Annotated[str, Field(min_length=1)]
-    audience: Annotated[str, Field(min_length=1)]
-    algorithms: Annotated[list[str], Field(min_length=1)]
-    jwks_file: RelPath | None = None
-    jwks_url: str | None = None
-    hs256_secret_env: str | None = None
-    tenant_claim: str = "tenant"
-    scope_claim: str = "scope"
-    leeway_s: Annotated[float, Field(ge=0)] = 30
-    max_lifetime_s: PositiveFloat = 3600
-    jwks_refresh_min_s: Annotated[float, Field(ge=0)] = 2
-    jwks_max_bytes: PositiveInt = 1_048_576
+    """One JWT issuer: exactly one of jwks_file, jwks_url, hs256_secret_env."""
+
+    issuer: Annotated[str, Field(min_length=1)] = Field(
+        description="The `iss` value its tokens carry.",
+    )
+    audience: Annotated[str, Field(min_length=1)] = Field(
+        description="The `aud` value its tokens must carry.",
+    )
+    algorithms: Annotated[list[str], Field(min_length=1)] = Field(
+        description=(
+            "Allowed `alg` values (`none` is never accepted; HS256 only with hs256_secret_env)."
+        ),
+    )
+    jwks_file: RelPath | None = Field(
+        None,
+        description=(
+            "JWKS file with the issuer's public keys (re-read on SIGHUP and on an unknown `kid`)."
+        ),
+    )
+    jwks_url: str | None = Field(
+        None,
+        description=(
+            "JWKS URL (https, or http to a loopback host); fetched at start and on an unknown"
+            " `kid`."
+        ),
+    )
+    hs256_secret_env: str | None = Field(
+        None,
+        description=(
+            "Environment variable holding the HS256 secret (at least 32 bytes); never the "
+            "secret itself."
+        ),
+    )
+    tenant_claim: str = Field("tenant", description="Claim naming the tenant.")
+    scope_claim: str = Field(
+        "scope",
+        description="Claim holding the scopes (a space-separated string or a list).",
+    )
+    leeway_s: Annotated[float, Field(ge=0)] = Field(
+        30,
+        description="Clock skew tolerated on exp, nbf and iat.",
+    )
+    max_lifetime_s: PositiveFloat = Field(
+        3600,
+        description="Tokens whose exp - iat exceeds this are refused.",
+    )
+    jwks_refresh_min_s: Annotated[float, Field(ge=0)] = Field(
+        2,
+        description="An unknown `kid` re-reads the issuer's keys at most this often.",
+    )
+    jwks_max_bytes: PositiveInt = Field(
+        1_048_576,
+        description="Size bound of a JWKS file or download.",
+    )
 
     @field_validator("algorithms")
     @classmethod
@@ -327,7 +517,12 @@ class IssuerConfig(Model):
 
 
 class AuthConfig(Model):
-    issuers: list[IssuerConfig] = []
+    """Who may call: JWT issuers (static API keys are in the tenant policies)."""
+
+    issuers: list[IssuerConfig] = Field(
+        [],
+        description="The configured issuers (unique `issuer` values).",
+    )
 
     @field_validator("issuers")
     @classmethod
@@ -339,14 +534,36 @@ class AuthConfig(Model):
 
 
 class StagingConfig(Model):
-    dir: RelPath = Path("var/evidence")
-    catalog: RelPath = Path("var/catalog.sqlite3")
-    worker_media: Literal["data_url", "file_url"] = "data_url"
-    worker_url_prefix: str | None = None
-    #: uploads read at once (each streams to a temp file); the next gets 429 queue_full
-    max_concurrent_uploads: PositiveInt = 4
-    #: how often records past a tenant's evidence.ttl_s are forgotten
-    expiry_sweep_s: PositiveFloat = 30
+    """Evidence staging (spec sections 5 and 13)."""
+
+    dir: RelPath = Field(
+        Path("var/evidence"),
+        description="Gateway-side evidence store (read-write); files are `<sha256>.<ext>`.",
+    )
+    catalog: RelPath = Field(
+        Path("var/catalog.sqlite3"),
+        description="SQLite catalog of the evidence records.",
+    )
+    worker_media: Literal["data_url", "file_url"] = Field(
+        "data_url",
+        description=(
+            "How media reach the worker: data_url (every release) or file_url (worker <= 0.8.17)."
+        ),
+    )
+    worker_url_prefix: str | None = Field(
+        None,
+        description="file_url only: the staging dir as the worker mounts it (`file:///...`).",
+    )
+    max_concurrent_uploads: PositiveInt = Field(
+        4,
+        description=(
+            "Uploads read at once (each streams to a temp file); the next gets 429 queue_full."
+        ),
+    )
+    expiry_sweep_s: PositiveFloat = Field(
+        30,
+        description="How often records past a tenant's evidence.ttl_s are forgotten.",
+    )
 
     @model_validator(mode="after")
     def _prefix_for_file_url(self) -> StagingConfig:
@@ -357,27 +574,67 @@ class StagingConfig(Model):
 
 
 class AdmissionConfig(Model):
-    capacity: PositiveInt = 8
-    max_queue: Annotated[int, Field(ge=0)] = 64
+    """Weighted admission permits (spec section 7)."""
+
+    capacity: PositiveInt = Field(
+        8,
+        description="Permit units in total (size it to the worker's --max-seqs).",
+    )
+    max_queue: Annotated[int, Field(ge=0)] = Field(
+        64,
+        description=(
+            "Requests waiting for permits across all tenants; one more gets 429 queue_full."
+        ),
+    )
 
 
 class LimitsConfig(Model):
-    max_body_bytes: PositiveInt = 1_048_576
-    max_prompt_bytes: PositiveInt = 65_536
-    max_media_parts: Annotated[int, Field(ge=0)] = 8
-    max_media_bytes: PositiveInt = 36_700_160
-    max_output_tokens: PositiveInt = 4096
-    max_json_depth: PositiveInt = 32
-    #: inputs in one embeddings request (spec §14)
-    max_embedding_inputs: PositiveInt = 256
+    """Global ceilings; a tenant policy can only lower them."""
+
+    max_body_bytes: PositiveInt = Field(
+        1_048_576,
+        description="Bytes of a JSON API request body (uploads are bounded by max_media_bytes).",
+    )
+    max_prompt_bytes: PositiveInt = Field(
+        65_536,
+        description="Bytes of everything the worker tokenizes or compiles in one request.",
+    )
+    max_media_parts: Annotated[int, Field(ge=0)] = Field(
+        8,
+        description="Media parts in one request.",
+    )
+    max_media_bytes: PositiveInt = Field(
+        36_700_160,
+        description=(
+            "Bytes of the media of one request, and of one upload (data_url mode: x 4/3 must "
+            "fit upstream.max_request_bytes)."
+        ),
+    )
+    max_output_tokens: PositiveInt = Field(
+        4096,
+        description="Ceiling of max_tokens (a request without one gets this).",
+    )
+    max_json_depth: PositiveInt = Field(32, description="Nesting depth of a JSON request body.")
+    max_embedding_inputs: PositiveInt = Field(
+        256,
+        description="Inputs in one embeddings request (spec section 14).",
+    )
 
 
 _ORIGIN = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
 
 
 class CorsConfig(Model):
-    allow_origins: list[str] = []
-    max_age_s: Annotated[int, Field(ge=0)] = 600
+    """Browser origins allowed to call (exact matches only)."""
+
+    allow_origins: list[str] = Field(
+        [],
+        description="Exact origins scheme://host[:port]; empty: no CORS headers at all.",
+    )
+    max_age_s: Annotated[int, Field(ge=0)] = Field(
+        600,
+        description="access-control-max-age of preflight answers.",
+    )
 
     @field_validator("allow_origins")
     @classmethod
@@ -389,46 +646,104 @@ class CorsConfig(Model):
 
 
 class AuditConfig(Model):
-    path: RelPath = Path("receipts.jsonl")
-    #: receipts kept in memory while the file cannot be written (spec §13)
-    max_pending: PositiveInt = 100_000
-    #: how long a drain waits for the writer
-    flush_timeout_s: Annotated[float, Field(ge=0)] = 5
-    #: rotate to <path>.1 … <path>.<keep> before the file passes this size (0: off)
-    rotate_bytes: Annotated[int, Field(ge=0)] = 0
-    keep: Annotated[int, Field(ge=0, le=1000)] = 10
+    """Receipts: one JSON line per authenticated inference request (spec sections 10 and 13)."""
+
+    path: RelPath = Field(
+        Path("receipts.jsonl"),
+        description="Append-only JSON-lines receipts file.",
+    )
+    max_pending: PositiveInt = Field(
+        100_000,
+        description="Receipts kept in memory while the file cannot be written (spec section 13).",
+    )
+    flush_timeout_s: Annotated[float, Field(ge=0)] = Field(
+        5,
+        description="How long a drain waits for the writer.",
+    )
+    rotate_bytes: Annotated[int, Field(ge=0)] = Field(
+        0,
+        description=(
+            "Rotate to `<path>.1` ... `<path>.<keep>` before the file passes this size (0: off)."
+        ),
+    )
+    keep: Annotated[int, Field(ge=0, le=1000)] = Field(10, description="Rotated files kept.")
 
 
 class MetricsListen(Model):
-    host: str = "0.0.0.0"
-    port: Annotated[int, Field(ge=0, le=65535)] = 9464
+    """A separate plain-HTTP listener for the metrics endpoint."""
+
+    host: str = Field("0.0.0.0", description="Address to bind.")
+    port: Annotated[int, Field(ge=0, le=65535)] = Field(9464, description="Port to bind.")
 
 
 class MetricsConfig(Model):
-    path: Annotated[str, Field(pattern=r"^/[A-Za-z0-9/_-]*$")] = "/metrics"
-    #: serve metrics on this plain-HTTP listener instead of the main one (spec §13)
-    listen: MetricsListen | None = None
+    """Prometheus metrics."""
+
+    path: Annotated[str, Field(pattern=r"^/[A-Za-z0-9/_-]*$")] = Field(
+        "/metrics",
+        description="Path of the metrics endpoint.",
+    )
+    listen: MetricsListen | None = Field(
+        None,
+        description=(
+            "Serve metrics on this plain-HTTP listener instead of the main one (spec section 13)."
+        ),
+    )
 
 
 class ResponsesConfig(Model):
-    #: how long a relayed Responses id stays the tenant's (previous_response_id, GET, DELETE)
-    ttl_s: PositiveInt = 86_400
+    """Responses API bookkeeping (spec section 14)."""
+
+    ttl_s: PositiveInt = Field(
+        86_400,
+        description=(
+            "How long a relayed Responses id stays the tenant's (previous_response_id, GET, "
+            "DELETE)."
+        ),
+    )
 
 
 class LoggingConfig(Model):
-    level: Literal["debug", "info", "warning", "error"] = "info"
+    """Logs: JSON lines on stderr."""
+
+    level: Literal["debug", "info", "warning", "error"] = Field(
+        "info",
+        description="Log level (the GATEWAY_LOG_LEVEL environment variable overrides it).",
+    )
 
 
 class LimitsStoreConfig(Model):
     """Where tenant rate limits live (spec §15): this process, or a shared Redis."""
 
-    backend: Literal["memory", "redis"] = "memory"
-    url: str = "redis://127.0.0.1:6379/0"
-    #: the environment variable holding the password (never the password itself)
-    password_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
-    key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9:._-]{0,64}$")] = "mrgw:"
-    timeout_ms: Annotated[int, Field(ge=1, le=60_000)] = 50
-    on_error: Literal["closed", "open"] = "closed"
+    backend: Literal["memory", "redis"] = Field(
+        "memory",
+        description="memory: this process only; redis: shared by every replica.",
+    )
+    url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        description="redis:// or rediss:// URL (no password in it).",
+    )
+    password_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = Field(
+        None,
+        description=(
+            "Environment variable holding the Redis password (never the password itself)."
+        ),
+    )
+    key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9:._-]{0,64}$")] = Field(
+        "mrgw:",
+        description="Prefix of every Redis key (one per environment).",
+    )
+    timeout_ms: Annotated[int, Field(ge=1, le=60_000)] = Field(
+        50,
+        description="Bound of each store call (connect, socket and the whole script call).",
+    )
+    on_error: Literal["closed", "open"] = Field(
+        "closed",
+        description=(
+            "Store unreachable or slow: closed answers 503 limits_unavailable; open serves "
+            "unchecked."
+        ),
+    )
 
     @field_validator("url")
     @classmethod
@@ -450,22 +765,42 @@ class LimitsStoreConfig(Model):
 
 
 class GatewayConfig(Model):
-    listen: ListenConfig = ListenConfig()
-    #: one worker (the shorthand, named ``default``) ...
-    upstream: UpstreamConfig | None = None
-    #: ... or several (spec §16)
-    upstreams: list[UpstreamConfig] | None = None
-    auth: AuthConfig = AuthConfig()
-    policies_dir: RelPath = Path("policies")
-    staging: StagingConfig = StagingConfig()
-    admission: AdmissionConfig = AdmissionConfig()
-    limits: LimitsConfig = LimitsConfig()
-    cors: CorsConfig = CorsConfig()
-    audit: AuditConfig = AuditConfig()
-    metrics: MetricsConfig = MetricsConfig()
-    responses: ResponsesConfig = ResponsesConfig()
-    logging: LoggingConfig = LoggingConfig()
-    limits_store: LimitsStoreConfig = LimitsStoreConfig()
+    """gateway.yaml: one typed object, validated whole before anything starts."""
+
+    listen: ListenConfig = Field(ListenConfig(), description="The callers' listener.")
+    upstream: UpstreamConfig | None = Field(
+        None,
+        description="One worker (the shorthand, named `default`, one `route`); or `upstreams`.",
+    )
+    upstreams: list[UpstreamConfig] | None = Field(
+        None,
+        description="Several workers (spec §16), each with a `name` and its `routes`.",
+    )
+    auth: AuthConfig = Field(AuthConfig(), description="Token issuers and API-key settings.")
+    policies_dir: RelPath = Field(
+        Path("policies"),
+        description="Directory of the tenant policies (`<tenant>.yaml`), relative to the config.",
+    )
+    staging: StagingConfig = Field(
+        StagingConfig(), description="Evidence staging: files, catalog, uploads."
+    )
+    admission: AdmissionConfig = Field(
+        AdmissionConfig(), description="Weighted admission permits and their queue."
+    )
+    limits: LimitsConfig = Field(
+        LimitsConfig(), description="Gateway-wide ceilings over every tenant's limits."
+    )
+    cors: CorsConfig = Field(CorsConfig(), description="Exact-origin CORS.")
+    audit: AuditConfig = Field(AuditConfig(), description="Receipts: the audit file.")
+    metrics: MetricsConfig = Field(MetricsConfig(), description="Prometheus metrics.")
+    responses: ResponsesConfig = Field(
+        ResponsesConfig(), description="Responses API ids the gateway keeps."
+    )
+    logging: LoggingConfig = Field(LoggingConfig(), description="Operator logs (stderr).")
+    limits_store: LimitsStoreConfig = Field(
+        LimitsStoreConfig(),
+        description="Where tenant rate limits are counted: this process, or Redis (spec §15).",
+    )
 
     @model_validator(mode="after")
     def _cross_checks(self) -> GatewayConfig:

@@ -5,7 +5,12 @@ generated filler, never model output) and the gateway on loopback with a
 generated config, stages the sample image/audio/video as evidence, sends one
 authenticated multimodal streaming request (image → audio → video → text)
 through the gateway, and prints one JSON report: launch identity, the
-request as forwarded, the streamed result and the receipt.
+request as forwarded, the streamed result and the receipt, then which config
+it used and the commands that repeat the run by hand.
+
+The config, policies, staged evidence and receipts stay in the demo
+directory (default ``var/demo``; a marker file makes it the demo's own, so
+a rerun starts it afresh and a directory of anything else is refused).
 """
 
 from __future__ import annotations
@@ -13,8 +18,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
+import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +40,13 @@ from gateway.testing.samples import SAMPLES
 from gateway.testing.simulator import Simulator
 
 _UPLOADS = (("tiny.png", "image/png"), ("tiny.wav", "audio/wav"), ("tiny.mp4", "video/mp4"))
+DEFAULT_DIR = Path("var/demo")
+_MARKER = ".mistralrs-gateway-demo"
+#: the gateway's port in the by-hand commands (the demo itself uses any free one)
+HAND_PORT = 8080
+_SIM_CHUNKS, _SIM_DELAY_MS = 12, 5
+#: the by-hand commands let the operator's shell make a dev secret (never printed here)
+_SHELL_NEW_KEY = "$(python3 -c 'import secrets; print(secrets.token_urlsafe(48))')"
 
 
 def _launch_block(port: int) -> dict[str, Any]:
@@ -81,29 +94,74 @@ def _stream(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run_demo() -> int:
+def prepare_dir(directory: Path) -> Path:
+    """The demo directory, emptied if it is the demo's own; ValueError for any other."""
+    if directory.exists() and any(directory.iterdir()):
+        if not (directory / _MARKER).is_file():
+            raise ValueError(f"{directory} exists and is not a demo directory")
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / _MARKER).write_text("written by `mistralrs-gateway demo`; rerun replaces it\n")
+    return directory.resolve()
+
+
+def run_demo(directory: Path = DEFAULT_DIR) -> int:
+    try:
+        directory = prepare_dir(directory)
+    except (ValueError, OSError) as exc:
+        print(f"demo: {exc}", file=sys.stderr)
+        return 1
     secret = new_dev_secret()
     os.environ[DEMO_SECRET_ENV] = secret
-    sim = Simulator(model_id=SIM_ROUTE, chunks=12, delay_ms=5)
+    sim = Simulator(model_id=SIM_ROUTE, chunks=_SIM_CHUNKS, delay_ms=_SIM_DELAY_MS)
     sim.start()
     try:
-        with tempfile.TemporaryDirectory(prefix="mistralrs-gateway-demo-") as tmp:
-            config = write_config(
-                Path(tmp),
-                upstream_port=sim.port,
-                policies={"demo": default_policy("demo")},
-                upstream={"launch": _launch_block(sim.port)},
-            )
-            with Gateway(config) as gateway:
-                if not gateway.wait_ready():
-                    print("demo: the gateway never saw the simulator ready", file=sys.stderr)
-                    return 1
-                report = _exchange(gateway, secret)
+        config = write_config(
+            directory,
+            upstream_port=sim.port,
+            policies={"demo": default_policy("demo")},
+            upstream={"launch": _launch_block(sim.port)},
+        )
+        with Gateway(config) as gateway:
+            if not gateway.wait_ready():
+                print("demo: the gateway never saw the simulator ready", file=sys.stderr)
+                return 1
+            report = _exchange(gateway, secret)
     finally:
         sim.stop()
+    report["config"] = {
+        "path": str(config),
+        "policies": [str(p) for p in sorted((directory / "policies").glob("*.yaml"))],
+        "upstream": f"http://127.0.0.1:{sim.port} (the simulator)",
+    }
+    report["repeat"] = _by_hand(config, sim.port, report)
     print(json.dumps(report, indent=2))
     ok = report["stream"]["done"] and report["receipt"]["outcome"] == "complete"
     return 0 if ok else 1
+
+
+def _by_hand(config: Path, sim_port: int, report: dict[str, Any]) -> dict[str, Any]:
+    """The same run by hand: one shell command per step, in order."""
+    quoted = shlex.quote(str(config))
+    body = json.dumps(report["request"], separators=(",", ":"))
+    simulator = (
+        f"mistralrs-gateway simulator --port {sim_port} --model-id {SIM_ROUTE} "
+        f"--chunks {_SIM_CHUNKS} --delay-ms {_SIM_DELAY_MS} &"
+    )
+    return {
+        "note": "run from one shell; the evidence ids above stay valid (same staging dir)",
+        "commands": [
+            f'export {DEMO_SECRET_ENV}="{_SHELL_NEW_KEY}"',
+            simulator,
+            f"mistralrs-gateway serve --config {quoted} --port {HAND_PORT} &",
+            f"for _ in $(seq 50); do curl -sf http://127.0.0.1:{HAND_PORT}/readyz >/dev/null "
+            "&& break; sleep 0.2; done",
+            f'TOKEN="$(mistralrs-gateway token --config {quoted} --tenant demo)"',
+            f"curl -sN http://127.0.0.1:{HAND_PORT}/v1/chat/completions "
+            '-H "authorization: Bearer $TOKEN" -H "content-type: application/json" '
+            f"-d {shlex.quote(body)}",
+        ],
+    }
 
 
 def _exchange(gateway: Gateway, secret: str) -> dict[str, Any]:
@@ -145,6 +203,7 @@ def _exchange(gateway: Gateway, secret: str) -> dict[str, Any]:
         "note": "upstream is the mistral.rs protocol SIMULATOR; its text is filler, not inference",
         "launch": {"serve_identity": runtime.table.worker_for(SIM_ROUTE).serve_identity},
         "evidence": evidence,
+        "request": body,
         "stream": stream,
         "receipt": receipt,
     }

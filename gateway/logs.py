@@ -22,6 +22,7 @@ _FIELDS = (
     "status",
     "outcome",
     "error_code",
+    "reason",
     "duration_ms",
 )
 

@@ -12,6 +12,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from gateway.auth.failures import REASONS as AUTH_REASONS
+
 UNKNOWN_TENANT = "-"
 
 # TTFT on CPU workers ranges from tens of ms to minutes under load.
@@ -79,6 +81,15 @@ class GatewayMetrics:
             ["tenant", "code"],
             registry=r,
         )
+        self.auth_failures = Counter(
+            "gateway_auth_failures_total",
+            "Failed authentications by reason (callers only see missing_credentials "
+            "or invalid_token).",
+            ["reason"],
+            registry=r,
+        )
+        for reason in AUTH_REASONS:
+            self.auth_failures.labels(reason)
         self.upstream_ready = Gauge(
             "gateway_upstream_ready",
             "1 while the route is ready (listed loaded once, probe passed).",
@@ -140,6 +151,9 @@ class GatewayMetrics:
         self.child(self.duration, endpoint).observe(elapsed_s)
         if error_code is not None:
             self.child(self.rejections, tenant, error_code).inc()
+
+    def auth_failed(self, reason: str) -> None:
+        self.child(self.auth_failures, reason).inc()
 
     def on_admission_change(self, upstream: str, in_use: int, queue_depth: int) -> None:
         self.child(self.permits_in_use, upstream).set(in_use)

@@ -25,63 +25,157 @@ TENANT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 
 
 class ApiKey(Model):
-    name: Annotated[str, Field(min_length=1, max_length=64)]
-    sha256: Hex64
+    """A static API key; only its SHA-256 is stored."""
+
+    name: Annotated[str, Field(min_length=1, max_length=64)] = Field(
+        description="Key name (receipts name the subject `apikey:<name>`).",
+    )
+    sha256: Hex64 = Field(
+        description='SHA-256 of the key, 64 lowercase hex (`printf %s "$KEY" | sha256sum`).',
+    )
 
 
 class PolicyLimits(Model):
-    max_body_bytes: PositiveInt | None = None
-    max_prompt_bytes: PositiveInt | None = None
-    max_media_parts: Annotated[int, Field(ge=0)] | None = None
-    max_media_bytes: PositiveInt | None = None
-    max_output_tokens: PositiveInt | None = None
-    max_json_depth: PositiveInt | None = None
-    max_embedding_inputs: PositiveInt | None = None
-    requests_per_minute: PositiveInt | None = None
-    tokens_per_minute: PositiveInt | None = None
-    tokens_per_day: PositiveInt | None = None  # UTC day (spec §15)
-    max_concurrent_requests: PositiveInt | None = None  # in flight, across replicas
+    """The tenant's limits; an absent one takes the global ceiling (limits.*), or none for the
+    rates.
+    """
+
+    max_body_bytes: PositiveInt | None = Field(
+        None,
+        description="Lowers limits.max_body_bytes for this tenant.",
+    )
+    max_prompt_bytes: PositiveInt | None = Field(
+        None,
+        description="Lowers limits.max_prompt_bytes for this tenant.",
+    )
+    max_media_parts: Annotated[int, Field(ge=0)] | None = Field(
+        None,
+        description="Lowers limits.max_media_parts for this tenant.",
+    )
+    max_media_bytes: PositiveInt | None = Field(
+        None,
+        description="Lowers limits.max_media_bytes for this tenant.",
+    )
+    max_output_tokens: PositiveInt | None = Field(
+        None,
+        description="Lowers limits.max_output_tokens for this tenant.",
+    )
+    max_json_depth: PositiveInt | None = Field(
+        None,
+        description="Lowers limits.max_json_depth for this tenant.",
+    )
+    max_embedding_inputs: PositiveInt | None = Field(
+        None,
+        description="Lowers limits.max_embedding_inputs for this tenant.",
+    )
+    requests_per_minute: PositiveInt | None = Field(
+        None,
+        description="Requests per minute (evidence uploads count too); absent: unlimited.",
+    )
+    tokens_per_minute: PositiveInt | None = Field(
+        None,
+        description=(
+            "Tokens per minute (reserved at max_tokens plus a prompt estimate, settled on usage)."
+        ),
+    )
+    tokens_per_day: PositiveInt | None = Field(
+        None,
+        description="Tokens per UTC day (spec section 15).",
+    )
+    max_concurrent_requests: PositiveInt | None = Field(
+        None,
+        description="Requests in flight, across replicas (spec section 15).",
+    )
 
 
 class PolicyAdmission(Model):
-    share: PositiveFloat = 1
-    max_permits: PositiveInt = 4
-    queue_timeout_s: PositiveFloat = 5
+    """The tenant's part of the admission permits."""
+
+    share: PositiveFloat = Field(
+        1,
+        description="Weight in fair sharing when permits are contended.",
+    )
+    max_permits: PositiveInt = Field(4, description="At most this many permit units at once.")
+    queue_timeout_s: PositiveFloat = Field(
+        5,
+        description="A request waiting longer for permits gets 429 admission_timeout.",
+    )
 
 
 class Cost(Model):
-    base: Annotated[int, Field(ge=0)] = 1
-    image: Annotated[int, Field(ge=0)] = 1
-    audio: Annotated[int, Field(ge=0)] = 1
-    video: Annotated[int, Field(ge=0)] = 2
+    """Permit units one request takes: base plus one amount per media part."""
+
+    base: Annotated[int, Field(ge=0)] = Field(1, description="Units of every request.")
+    image: Annotated[int, Field(ge=0)] = Field(1, description="Units per image part.")
+    audio: Annotated[int, Field(ge=0)] = Field(1, description="Units per audio part.")
+    video: Annotated[int, Field(ge=0)] = Field(2, description="Units per video part.")
 
 
 class MediaPolicy(Model):
-    caller_urls: Literal["reject", "drop"] = "reject"
-    inline_data: Literal["reject", "stage"] = "reject"
+    """What happens to media URLs a caller wrote (never forwarded)."""
+
+    caller_urls: Literal["reject", "drop"] = Field(
+        "reject",
+        description=(
+            "A caller URL: reject (400 caller_url_forbidden) or drop (removed, listed in the "
+            "receipt)."
+        ),
+    )
+    inline_data: Literal["reject", "stage"] = Field(
+        "reject",
+        description=(
+            "A data: URL: reject, or stage (decoded within the limits, staged, rewritten)."
+        ),
+    )
 
 
 class EvidencePolicy(Model):
     """Per-tenant evidence quotas (spec §13)."""
 
-    max_bytes: PositiveInt = 1_073_741_824
-    max_records: PositiveInt = 10_000
-    ttl_s: Annotated[int, Field(ge=0)] = 0  # 0: kept until deleted
+    max_bytes: PositiveInt = Field(
+        1_073_741_824,
+        description="Sum of the bytes of the tenant's records.",
+    )
+    max_records: PositiveInt = Field(10_000, description="Records the tenant may hold.")
+    ttl_s: Annotated[int, Field(ge=0)] = Field(
+        0,
+        description="0: kept until deleted; else forgotten after this many seconds.",
+    )
 
 
 class TenantPolicy(Model):
-    tenant: Annotated[str, Field(pattern=TENANT_NAME)]
-    models: dict[str, str] = {}
-    endpoints: list[Endpoint] = ["chat.completions", "completions", "models"]
-    modalities: list[Modality] = ["text"]
-    api_keys: list[ApiKey] = []
-    limits: PolicyLimits = PolicyLimits()
-    admission: PolicyAdmission = PolicyAdmission()
-    cost: Cost = Cost()
-    media: MediaPolicy = MediaPolicy()
-    evidence: EvidencePolicy = EvidencePolicy()
-    #: issuer values whose tokens may act for this tenant (absent: any configured issuer)
-    issuers: list[str] | None = None
+    """One tenant's policy: `policies/<tenant>.yaml`."""
+
+    tenant: Annotated[str, Field(pattern=TENANT_NAME)] = Field(
+        description="Tenant name; must equal the file's stem.",
+    )
+    models: dict[str, str] = Field({}, description="Caller-facing alias -> exact upstream route.")
+    endpoints: list[Endpoint] = Field(
+        ["chat.completions", "completions", "models"],
+        description="Endpoints the tenant may call.",
+    )
+    modalities: list[Modality] = Field(
+        ["text"],
+        description="Content the tenant may send (text is a modality like the others).",
+    )
+    api_keys: list[ApiKey] = Field(
+        [],
+        description="Static API keys (both scopes, limited by endpoints).",
+    )
+    limits: PolicyLimits = Field(PolicyLimits(), description="The tenant's limits.")
+    admission: PolicyAdmission = Field(
+        PolicyAdmission(),
+        description="The tenant's part of the admission permits.",
+    )
+    cost: Cost = Field(Cost(), description="Permit units per request.")
+    media: MediaPolicy = Field(MediaPolicy(), description="Caller URLs and inline data.")
+    evidence: EvidencePolicy = Field(EvidencePolicy(), description="Evidence quotas.")
+    issuers: list[str] | None = Field(
+        None,
+        description=(
+            "Issuer values whose tokens may act for this tenant (absent: any configured issuer)."
+        ),
+    )
 
     @field_validator("models")
     @classmethod

@@ -25,6 +25,7 @@ from gateway.admission import AdmissionGroup
 from gateway.auth import Authenticator
 from gateway.auth.keys import load_key_set
 from gateway.cancel import Exchange
+from gateway.confdiff import changed_keys
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError
 from gateway.evidence.service import EvidenceService
@@ -110,7 +111,11 @@ class Runtime:
             policies = load_policies(self.config)
             keys = load_key_set(self.config.auth, os.environ)
             if config != self.config:
-                log.warning("reload: changes outside policies and key files need a restart")
+                log.warning(
+                    "reload: %s changed at %s; these need a restart",
+                    self.loaded.config_path.name,
+                    ", ".join(changed_keys(self.config, config)),
+                )
         except ConfigError as exc:
             self.metrics.reloads.labels("refused").inc()
             for line in exc.errors:

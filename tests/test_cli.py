@@ -98,3 +98,21 @@ def test_launch_plan_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert plan["argv"][:2] == ["mistralrs", "serve"]
     assert "--no-ui" in plan["argv"] and "127.0.0.1" in plan["argv"]
     assert len(plan["serve_identity"]) == 64
+
+
+def test_token_refuses_a_tenant_without_a_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    config = str(FIXTURES / "gateway.yaml")
+    assert main(["token", "--config", config, "--tenant", "nobody"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("error: tenant_not_configured: no policy for tenant 'nobody'")
+
+
+def test_token_chooses_the_issuer(capsys: pytest.CaptureFixture[str]) -> None:
+    config = str(FIXTURES / "gateway.yaml")
+    argv = ["token", "--config", config, "--tenant", "globex"]
+    assert main([*argv, "--issuer", "https://dev.gateway.local", "--scope", "evidence"]) == 0
+    claims = jwt.decode(capsys.readouterr().out.strip(), options={"verify_signature": False})
+    assert (claims["tenant"], claims["scope"]) == ("globex", "evidence")
+    assert main([*argv, "--issuer", "https://idp.test"]) == 1  # an RS256 issuer cannot mint
+    assert "no HS256" in capsys.readouterr().err

@@ -120,7 +120,7 @@ class Authenticator:
     async def authenticate(self, authorization: list[str], policies: PolicySet) -> Principal:
         value = bearer_value(authorization)
         if len(value) > MAX_BEARER_CHARS:
-            raise GatewayError("invalid_token")
+            reject("too_long")
         if JWT_SHAPE.fullmatch(value):
             principal = await self._verify_jwt(value)
         else:

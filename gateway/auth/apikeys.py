@@ -11,6 +11,7 @@ import hashlib
 import hmac
 
 from gateway.auth.principal import Principal
+from gateway.auth.tokens import TokenRejected
 from gateway.errors import GatewayError
 from gateway.policy import PolicySet
 
@@ -25,7 +26,7 @@ def match_api_key(value: str, policies: PolicySet) -> Principal:
         if hmac.compare_digest(digest, configured):
             matched = entry
     if matched is None:
-        raise GatewayError("invalid_token")
+        raise GatewayError("invalid_token") from TokenRejected("unknown_api_key")
     return Principal(
         tenant=matched.tenant,
         subject=f"apikey:{matched.name}",

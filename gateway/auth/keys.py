@@ -243,7 +243,7 @@ def _secret_keys(issuer: IssuerConfig, env: Mapping[str, str]) -> IssuerKeys:
     return IssuerKeys(issuer, (key,))
 
 
-def _check_url(issuer: IssuerConfig) -> None:
+def check_jwks_url(issuer: IssuerConfig) -> None:
     assert issuer.jwks_url is not None
     parts = urlsplit(issuer.jwks_url)
     if parts.scheme == "https" and parts.hostname:
@@ -263,7 +263,7 @@ def load_key_set(auth: AuthConfig, env: Mapping[str, str]) -> KeySet:
             if issuer.jwks_file is not None:
                 issuers[issuer.issuer] = read_jwks_file(issuer)
             elif issuer.jwks_url is not None:
-                _check_url(issuer)
+                check_jwks_url(issuer)
                 issuers[issuer.issuer] = IssuerKeys(issuer, ())
             else:
                 issuers[issuer.issuer] = _secret_keys(issuer, env)
