@@ -3,7 +3,9 @@
 Theory of operation: one :class:`_Conn` protocol per TCP connection plays one
 request at a time. It parses the response head, then a chunked (or
 ``content-length``) body, and watches the body bytes for the first content
-event (TTFT) and for the final ``data: [DONE]``. Every buffer is bounded; EOF
+event (TTFT: :data:`CHAT_CONTENT` for chat and completion chunks,
+:data:`RESPONSES_CONTENT` for the Responses named events) and for the final
+``data: [DONE]``, which ends both. Every buffer is bounded; EOF
 or a parse failure fails the request in flight. :func:`run_load` spreads a
 fixed number of requests over ``concurrency`` connections, bounded in count
 and in time. Only 127.0.0.1.
@@ -18,11 +20,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
 
-_CONTENT = re.compile(rb'"content":"[^"]')
+#: the first chat chunk with text: ``"content":"`` and a character
+CHAT_CONTENT = re.compile(rb'"content":"[^"]')
+#: the first Responses ``response.output_text.delta`` event with a non-empty delta
+RESPONSES_CONTENT = re.compile(
+    rb'event: ?response\.output_text\.delta\r?\ndata: ?\{[^\r\n]*?"delta":"[^"]'
+)
 _DONE_TAIL = b"data: [DONE]\n\n"
 _MAX_HEAD = 65_536
 _MAX_BUFFER = 16 * 1024 * 1024
 _TAIL = 64
+#: bytes kept across body chunks until the first content event (an event split
+#: between two chunks is still seen); bounded
+_SCAN_TAIL = 4096
 
 
 NOT_SENT = "not sent (time budget)"
@@ -55,6 +65,8 @@ class _Conn(asyncio.Protocol):
         self.state = "idle"  # idle | head | chunked | length
         self.remaining = 0
         self.tail = b""
+        self.scan = b""
+        self.first_content = CHAT_CONTENT
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -64,12 +76,15 @@ class _Conn(asyncio.Protocol):
         self.closed = True
         self._fail("connection closed")
 
-    def request(self, payload: bytes) -> asyncio.Future[Result]:
+    def request(
+        self, payload: bytes, first_content: re.Pattern[bytes] = CHAT_CONTENT
+    ) -> asyncio.Future[Result]:
         assert self.transport is not None and self.state == "idle"
         loop = asyncio.get_running_loop()
         self.waiter = loop.create_future()
         self.result = Result()
-        self.tail = b""
+        self.tail = self.scan = b""
+        self.first_content = first_content
         self.state = "head"
         self.sent_at = time.perf_counter()
         self.transport.write(payload)
@@ -140,10 +155,14 @@ class _Conn(asyncio.Protocol):
             del buf[:pos]
 
     def _body(self, data: bytes) -> None:
-        window = self.tail + data
-        if self.result.ttft_s is None and _CONTENT.search(window):
-            self.result.ttft_s = time.perf_counter() - self.sent_at
-        self.tail = window[-_TAIL:]
+        if self.result.ttft_s is None:
+            scan = self.scan + data
+            if self.first_content.search(scan):
+                self.result.ttft_s = time.perf_counter() - self.sent_at
+                self.scan = b""
+            else:
+                self.scan = scan[-_SCAN_TAIL:]
+        self.tail = (self.tail + data)[-_TAIL:]
 
     def _finish(self) -> None:
         result = self.result
@@ -213,8 +232,11 @@ async def run_load(
     request_timeout_s: float,
     budget_s: float,
     connections: list[_Conn] | None = None,
+    first_content: re.Pattern[bytes] = CHAT_CONTENT,
 ) -> LoadResult:
     """``total`` requests over ``concurrency`` kept-alive connections, within ``budget_s``.
+
+    ``first_content`` finds the first content event (TTFT) in the body bytes.
 
     With ``connections`` (at least ``concurrency`` of them) those are used and
     left open, replacing any that closed; otherwise new ones are opened and
@@ -239,7 +261,7 @@ async def run_load(
                 except (OSError, TimeoutError):
                     out.results.append(Result(error="connect failed"))
                     continue
-            waiter = conn.request(payload_for(index))
+            waiter = conn.request(payload_for(index), first_content)
             try:
                 result = await asyncio.wait_for(asyncio.shield(waiter), request_timeout_s)
             except TimeoutError:

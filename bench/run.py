@@ -7,7 +7,9 @@ One run starts two child processes on 127.0.0.1 — the protocol simulator and
 HS256 JWT issuers, one tenant policy, admission capacity above the
 concurrency, receipts and metrics on) — and drives both from this process
 with the raw-asyncio client in :mod:`bench.loadgen`, so the load generator
-never shares the gateway's process. Per scenario and target it reports
+never shares the gateway's process. Scenarios stream chat completions or,
+the ``responses_*`` ones, ``/v1/responses`` (the named events; TTFT is the
+first non-empty ``response.output_text.delta``). Per scenario and target it reports
 requests ok/sent, req/s, TTFT p50/p99 (request sent → first content event),
 stream duration p50, CPU seconds per 1000 requests of the serving process
 (``/proc/<pid>/stat``: the simulator direct, the gateway through it), peak RSS
@@ -37,6 +39,8 @@ import jwt
 import orjson
 
 from bench.loadgen import (
+    CHAT_CONTENT,
+    RESPONSES_CONTENT,
     LoadResult,
     close_connections,
     http_post,
@@ -75,6 +79,7 @@ class Scenario:
     chunks: int
     delay_ms: float = 0.0
     multimodal: bool = False
+    api: str = "chat"  # chat | responses
 
 
 FULL = (
@@ -82,13 +87,22 @@ FULL = (
     Scenario("throughput", 64, 2000, 64),
     Scenario("slow", 512, 512, 20, delay_ms=50),
     Scenario("multimodal", 8, 400, 16, multimodal=True),
+    Scenario("responses_latency", 1, 200, 16, api="responses"),
+    Scenario("responses_throughput", 64, 2000, 64, api="responses"),
 )
 QUICK = (
     Scenario("latency", 1, 20, 16),
     Scenario("throughput", 8, 40, 64),
     Scenario("slow", 32, 32, 5, delay_ms=50),
     Scenario("multimodal", 2, 10, 16, multimodal=True),
+    Scenario("responses_latency", 1, 20, 16, api="responses"),
+    Scenario("responses_throughput", 8, 40, 64, api="responses"),
 )
+#: what each API's requests are posted to, and how its first content event looks
+PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses"}
+FIRST_CONTENT = {"chat": CHAT_CONTENT, "responses": RESPONSES_CONTENT}
+#: (Responses scenario, its chat counterpart): same concurrency, count and chunks
+RESPONSES_VS_CHAT = (("responses_latency", "latency"), ("responses_throughput", "throughput"))
 
 
 # ------------------------------------------------------------------ setup
@@ -119,6 +133,7 @@ def _config(workdir: Path, sim_port: int, capacity: int) -> Path:
             "tokens_per_minute": 1_000_000_000,
         },
         admission={"share": 1, "max_permits": capacity, "queue_timeout_s": 10},
+        endpoints=["chat.completions", "responses", "evidence", "models"],
     )
     issuers = [
         {
@@ -178,7 +193,11 @@ def _upload_samples(port: int, token: str) -> list[tuple[str, str]]:
 # --------------------------------------------------------------- requests
 
 
-def _body(model: str, text: str, media: list[tuple[str, str]]) -> bytes:
+def _body(model: str, text: str, media: list[tuple[str, str]], api: str) -> bytes:
+    if api == "responses":
+        return orjson.dumps(
+            {"model": model, "stream": True, "max_output_tokens": 128, "input": text}
+        )
     content: Any = text
     if media:
         parts: list[dict[str, Any]] = [
@@ -201,11 +220,12 @@ def _payloads(
     directive: str,
     tokens: list[str],
     media: list[tuple[str, str]],
+    api: str,
 ) -> Callable[[int], bytes]:
     text = f"bench {directive}"
     model = ALIAS if gateway else SIM_ROUTE
-    body = _body(model, text, media)
-    path = "/v1/chat/completions"
+    body = _body(model, text, media, api)
+    path = PATHS[api]
     if not gateway:
         request = http_post(port, path, body, {})
         return lambda _i: request
@@ -289,6 +309,7 @@ def _measure(
                     request_timeout_s=timeout_s,
                     budget_s=budget_s,
                     connections=conns,
+                    first_content=FIRST_CONTENT[scenario.api],
                 )
             )
 
@@ -362,6 +383,7 @@ def _targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         check("slow: TTFT p99 x direct", "slow", "ttft_p99_ms", 3.0, True),
         check("slow: gateway peak RSS MB", "slow", "peak_rss_mb", 120.0, False),
     ]
+    targets += _responses_vs_chat(results)
     slow = results.get("slow")
     complete = slow is not None and slow["gateway"]["ok"] == slow["params"]["total"]
     targets.append(
@@ -372,6 +394,45 @@ def _targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         {"target": "no errors, every stream [DONE]", "value": errors, "limit": 0, "met": not errors}
     )
     return targets
+
+
+def _responses_vs_chat(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Responses costs the gateway about what chat does: its CPU per 1000 streams,
+    and its TTFT p50 ratio to direct, each within 1.25x of the chat scenario's
+    figure in the same run (same concurrency, count and chunks)."""
+
+    def ratio(scenario: str, side: str, figure: str) -> float | None:
+        entry = results.get(scenario)
+        chat = results.get(dict(RESPONSES_VS_CHAT)[scenario])
+        if entry is None or chat is None:
+            return None
+        value, base = entry[side].get(figure), chat[side].get(figure)
+        if not isinstance(value, int | float) or not isinstance(base, int | float) or not base:
+            return None
+        return round(value / base, 3)
+
+    def target(name: str, value: float | None) -> dict[str, Any]:
+        return {
+            "target": name,
+            "value": value,
+            "limit": 1.25,
+            "met": value is not None and value <= 1.25,
+        }
+
+    return [
+        target(
+            "responses_latency: gateway CPU s / 1000 x chat's",
+            ratio("responses_latency", "gateway", "cpu_s_per_1000"),
+        ),
+        target(
+            "responses_throughput: gateway CPU s / 1000 x chat's",
+            ratio("responses_throughput", "gateway", "cpu_s_per_1000"),
+        ),
+        target(
+            "responses_latency: TTFT p50 x direct, x chat's",
+            ratio("responses_latency", "ratio", "ttft_p50_ms"),
+        ),
+    ]
 
 
 # ----------------------------------------------------------------- report
@@ -512,8 +573,8 @@ def run(
                     scenario,
                     server,
                     sim,
-                    _payloads(server.port, via, directive, tokens, media),
-                    _payloads(server.port, via, warm, tokens, media),
+                    _payloads(server.port, via, directive, tokens, media, scenario.api),
+                    _payloads(server.port, via, warm, tokens, media, scenario.api),
                     budget_s,
                     timeout_s,
                     workdir / "var" / "receipts.jsonl" if via else None,

@@ -14,7 +14,14 @@ import orjson
 from bench.run import RATIO_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
-SCENARIOS = {"latency", "throughput", "slow", "multimodal"}
+SCENARIOS = {
+    "latency",
+    "throughput",
+    "slow",
+    "multimodal",
+    "responses_latency",
+    "responses_throughput",
+}
 FIGURES = {"sent", "ok", "errors", "error_kinds", *RATIO_KEYS}
 
 
@@ -38,6 +45,8 @@ def test_quick_bench_reports_every_scenario_without_errors(tmp_path: Path) -> No
             assert set(figures) >= FIGURES, (name, side)
             assert figures["errors"] == 0, (name, side, figures["error_kinds"])
             assert figures["ok"] == figures["sent"] == entry["params"]["total"]
+            # every stream's first content event was seen (chat chunks and named events)
+            assert figures["ttft_p50_ms"] is not None, (name, side)
         assert set(entry["ratio"]) >= {"rps", "ttft_p50_ms", "cpu_s_per_1000"}
     targets = report["targets"]
     assert {t["target"] for t in targets} == {
@@ -47,6 +56,9 @@ def test_quick_bench_reports_every_scenario_without_errors(tmp_path: Path) -> No
         "slow: stream p50 x direct",
         "slow: TTFT p99 x direct",
         "slow: gateway peak RSS MB",
+        "responses_latency: gateway CPU s / 1000 x chat's",
+        "responses_throughput: gateway CPU s / 1000 x chat's",
+        "responses_latency: TTFT p50 x direct, x chat's",
         "slow: all streams complete",
         "no errors, every stream [DONE]",
     }

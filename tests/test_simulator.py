@@ -224,6 +224,38 @@ def test_constructor_defaults_and_directives_switch() -> None:
         Simulator(fault="nonsense")
 
 
+def test_the_text_knob_replaces_the_filler_cut_into_chunks() -> None:
+    """For a caller that needs a given answer (JSON for a schema): the same text
+    streamed and not, chat and Responses; set_knobs only, not a directive."""
+    answer = '{"city": "Paris", "country": "France"}'
+    simulator = Simulator(chunks=4, text=answer)
+    simulator.start()
+    try:
+        with httpx.Client(base_url=simulator.base_url, timeout=5) as c:
+            plain = c.post(CHAT, json=chat("hi", stream=False)).json()
+            streamed = c.post(CHAT, json=chat("hi", stream=True)).text
+            responses = c.post("/v1/responses", json={"input": "hi", "stream": True}).text
+            simulator.set_knobs(text=None)
+            filler = c.post(CHAT, json=chat("hi", stream=False)).json()
+    finally:
+        simulator.stop()
+    assert plain["choices"][0]["message"]["content"] == answer
+    assert plain["usage"]["completion_tokens"] == 4
+    pieces = [
+        json.loads(line[6:])["choices"][0]["delta"]["content"]
+        for line in streamed.splitlines()
+        if line.startswith("data: {")
+    ]
+    assert "".join(pieces) == answer and len(pieces) == 5  # 4 pieces, then the final ""
+    deltas = [
+        json.loads(line[6:])["delta"]
+        for line in responses.splitlines()
+        if line.startswith('data: {"type":"response.output_text.delta"')
+    ]
+    assert "".join(deltas) == answer
+    assert filler["choices"][0]["message"]["content"].startswith("sim-token-0 ")
+
+
 # ---------------------------------------------------------- HTTP behaviour
 
 

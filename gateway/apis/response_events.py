@@ -32,7 +32,7 @@ object, its message text as the worker's non-streaming path leaves it
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +93,23 @@ def _upstream_error() -> GatewayError:
     return GatewayError(
         "upstream_error", "The inference worker reported an error.", outcome="upstream_error"
     )
+
+
+def _content_parts(
+    response: dict[str, Any], *, messages_only: bool = False
+) -> Iterator[dict[str, Any]]:
+    """The content parts (objects) of the response's output entries. ``output`` and
+    ``content`` are not checked by the grammar: any other shape (not a list, not
+    objects) is passed on unread rather than iterated."""
+    output = response.get("output")
+    if not isinstance(output, list):
+        return
+    for entry in output:
+        if not isinstance(entry, dict) or (messages_only and entry.get("type") != "message"):
+            continue
+        content = entry.get("content")
+        if isinstance(content, list):
+            yield from (part for part in content if isinstance(part, dict))
 
 
 def _count(usage: dict[str, Any], key: str) -> int:
@@ -256,11 +273,10 @@ class ResponsesGrammar:
         counted = self.nul_replaced
         if isinstance(response.get("output_text"), str) and "\x00" in response["output_text"]:
             response["output_text"] = self._scrub(response["output_text"])
-        for entry in response.get("output") or ():
-            for part in (entry.get("content") or ()) if isinstance(entry, dict) else ():
-                text = part.get("text") if isinstance(part, dict) else None
-                if isinstance(text, str) and "\x00" in text:
-                    part["text"] = self._scrub(text)
+        for part in _content_parts(response):
+            text = part.get("text")
+            if isinstance(text, str) and "\x00" in text:
+                part["text"] = self._scrub(text)
         self.nul_replaced = counted
 
     def _check_usage(self, usage: dict[str, Any]) -> dict[str, Any]:
@@ -354,11 +370,9 @@ class ResponsesDialect:
         message text with its leading whitespace trimmed (``chunks.worker_text``)."""
         response = self._response
         assert response is not None, "answer() before a terminal event"
-        for entry in response.get("output") or ():
-            if isinstance(entry, dict) and entry.get("type") == "message":
-                for part in entry.get("content") or ():
-                    if isinstance(part, dict) and isinstance(part.get("text"), str):
-                        part["text"] = worker_text(part["text"], None, ())
+        for part in _content_parts(response, messages_only=True):
+            if isinstance(part.get("text"), str):
+                part["text"] = worker_text(part["text"], None, ())
         if isinstance(response.get("output_text"), str):
             response["output_text"] = worker_text(response["output_text"], None, ())
         if response.get("usage") is None:

@@ -191,3 +191,24 @@ def test_nul_in_the_terminal_text_is_scrubbed_but_counted_once() -> None:
     answer = dialect.answer({})
     assert answer["output_text"] == "a\ufffdb"
     assert dialect.report().nul_replaced == 1
+
+
+@pytest.mark.parametrize(
+    "output",
+    [7, True, "text", {"a": 1}, [7, None], [{"type": "message", "content": 3}], [{"content": [5]}]],
+    ids=["int", "bool", "str", "object", "scalars", "content_int", "part_int"],
+)
+def test_an_odd_output_shape_in_the_terminal_response_passes_unread(output: Any) -> None:
+    """Found by tests/fuzz/test_response_events_fuzz.py: the NUL scrub and the
+    non-streaming answer iterated ``output`` and ``content`` whatever their type,
+    so ``"output": 7`` escaped as a TypeError instead of being passed on."""
+    events = response_stream(["a\x00"])
+    events[-1][1]["response"]["output"] = output
+    data = response_bytes(events)
+    streamed = ResponsesDialect(_plan(), StreamBounds(), collect=False)
+    assert len(_run(streamed, data)) == len(events)
+    collected = ResponsesDialect(_plan(stream=False), StreamBounds(), collect=True)
+    _run(collected, data)
+    answer = collected.answer({})
+    assert answer["output"] == output and answer["output_text"] == "a\ufffd"
+    assert collected.report().nul_replaced == 1

@@ -35,6 +35,7 @@ from gateway.testing.simulator.plans import (
     SseBody,
     Step,
     StoreCommit,
+    chunk_text,
     dump,
     envelope,
     token_text,
@@ -222,7 +223,7 @@ def _stream_body(ctx: Ctx) -> Iterator[bytes | Pause | Op]:
         if i and k.delay_ms:
             yield Pause(k.delay_ms / 1000)
         last = finish_on_last and i == count - 1
-        chunk = _chunk(ctx, token_text(i, k.unicode, k.pad), finish if last else None, None)
+        chunk = _chunk(ctx, chunk_text(k, i), finish if last else None, None)
         if last:
             chunk["usage"] = terminal_usage
         elif i == 0 and fault == "usage_early":
@@ -252,7 +253,7 @@ def _json_body(ctx: Ctx) -> bytes:
     count, finish = _shape(ctx)
     if k.fault == "bad_finish":
         finish = "content_filter"
-    text = "".join(token_text(i, k.unicode, k.pad) for i in range(count))
+    text = "".join(chunk_text(k, i) for i in range(count))
     if k.fault == "nul_text":
         text = NUL_TEXT
     choice: dict[str, Any] = {"finish_reason": finish, "index": 0}

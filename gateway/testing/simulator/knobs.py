@@ -10,7 +10,10 @@ keep-alive comment (0: none), ``split`` write the bytes in pieces of at most N,
 ``{"message":"simulated failure"}``, ``extras`` 0.9.5 extras (chat), ``fault``
 (below), ``pad`` pad each token to N bytes, ``terminal``
 completed|incomplete|failed (``/v1/responses`` only; the real server only ever
-sends ``completed``), ``dims`` embedding dimensions (``/v1/embeddings``).
+sends ``completed``), ``dims`` embedding dimensions (``/v1/embeddings``),
+``text`` the answer's text instead of the labelled filler, cut into ``chunks``
+pieces (constructor and ``set_knobs`` only, not a directive: for a caller that
+needs a given answer, e.g. JSON for a ``response_format`` schema).
 
 Faults are per dialect. ``FAULTS`` are the chat/completions ones (see
 plans.py), ``RESPONSES_FAULTS`` those of ``/v1/responses`` (responses.py),
@@ -83,6 +86,7 @@ class SimKnobs:
     pad: int = 0  # pad each content token's text to this many bytes (large streams)
     terminal: str = "completed"  # /v1/responses: the terminal event
     dims: int = 8  # /v1/embeddings: vector length
+    text: str | None = None  # the answer's text instead of the filler, cut into `chunks`
 
     def __post_init__(self) -> None:
         checks = (
@@ -97,6 +101,7 @@ class SimKnobs:
             (0 <= self.pad <= 65_536, "pad must be 0..65536"),
             (self.terminal in TERMINALS, f"terminal must be one of {sorted(TERMINALS)}"),
             (1 <= self.dims <= 8192, "dims must be 1..8192"),
+            (self.text is None or len(self.text) <= 1 << 20, "text must be at most 1 MiB"),
         )
         for ok, message in checks:
             if not ok:

@@ -118,6 +118,15 @@ def token_text(i: int, unicode: bool, pad: int = 0) -> str:
     return text.ljust(pad, ".") if pad else text
 
 
+def chunk_text(knobs: SimKnobs, i: int) -> str:
+    """Chunk ``i``'s text: the labelled filler, or piece ``i`` of the ``text`` knob
+    cut into ``knobs.chunks`` pieces (the last ones empty when it is short)."""
+    if knobs.text is None:
+        return token_text(i, knobs.unicode, knobs.pad)
+    size = -(-len(knobs.text) // max(knobs.chunks, 1))
+    return knobs.text[i * size : (i + 1) * size]
+
+
 def _id_headers(request_id: str, fault: str | None) -> list[tuple[str, str]]:
     if fault == "no_request_id":
         return []

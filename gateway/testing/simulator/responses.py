@@ -76,10 +76,10 @@ from gateway.testing.simulator.plans import (
     PlanStep,
     SseBody,
     StoreCommit,
+    chunk_text,
     dump,
     envelope,
     sim_uuid,
-    token_text,
 )
 from gateway.testing.simulator.responses_input import ResponsesCall
 from gateway.testing.simulator.store import BackgroundTask
@@ -195,7 +195,7 @@ def _function_call(run: Run) -> dict[str, Any]:
 def _texts(run: Run, count: int) -> list[str]:
     """The chunks' texts; with ``chunks=0`` one more: the final chunk's (usually "")."""
     k = run.knobs
-    texts = [token_text(i, k.unicode, k.pad) for i in range(count)]
+    texts = [chunk_text(k, i) for i in range(count)]
     if k.fault in ("nul_text", "invalid_utf8"):
         mark = NUL_TEXT if k.fault == "nul_text" else INVALID_UTF8_MARK
         if count:

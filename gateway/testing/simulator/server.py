@@ -82,6 +82,7 @@ class Simulator:
         pad: int = 0,
         terminal: str = "completed",
         dims: int = 8,
+        text: str | None = None,
     ) -> None:
         _require_loopback(host)
         if model_ids is None:
@@ -103,6 +104,7 @@ class Simulator:
             pad=pad,
             terminal=terminal,
             dims=dims,
+            text=text,
         )
         self._host = host
         self._port = port
