@@ -437,7 +437,7 @@ class InferenceEndpoint:
             self._settle(call)
         finally:
             try:
-                if call.leased or call.staged or call.relayed_response is not None:
+                if call.leased or call.staged:
                     await anyio.to_thread.run_sync(_after, call)
             finally:
                 call.rt.inflight.discard(call.exchange)
@@ -533,17 +533,12 @@ def _record_artifacts(
 
 
 def _after(call: _Call) -> None:
-    """The request's catalog work after it ended (in a thread): leases back,
-    its inline data forgotten, a relayed response id recorded for the tenant."""
+    """The request's evidence work after it ended (in a thread): leases back,
+    its inline data forgotten."""
     evidence = call.rt.evidence
-    try:
-        if call.leased:
-            evidence.release(call.lease_key)
-        for evidence_id in call.staged:
-            # Inline data was staged only for this request; its file goes with the record.
-            with contextlib.suppress(GatewayError):
-                evidence.delete(call.tenant, evidence_id)
-    finally:
-        if call.relayed_response is not None:
-            with contextlib.suppress(GatewayError):
-                call.rt.responses.persist(call.tenant.name, call.relayed_response)
+    if call.leased:
+        evidence.release(call.lease_key)
+    for evidence_id in call.staged:
+        # Inline data was staged only for this request; its file goes with the record.
+        with contextlib.suppress(GatewayError):
+            evidence.delete(call.tenant, evidence_id)

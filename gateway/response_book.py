@@ -2,10 +2,16 @@
 
 An id becomes the tenant's before the caller can use it -- noted in memory
 (:meth:`ResponseBook.note`, on the event loop, no I/O) right before the
-stream's ``[DONE]`` or the non-streaming answer goes out -- and is written to
-the catalog after the request ends (:meth:`ResponseBook.persist`, in a
-thread, off the request's path). Lookups look in memory first, then in the
-catalog; both honour ``responses.ttl_s``.
+stream's ``[DONE]`` or the non-streaming answer goes out. A flusher task
+writes what was noted to the catalog in batches, one transaction per batch
+(one fsync for many streams: a write per stream cost a Responses stream a
+tenth of its CPU), at most :data:`LINGER_S` after the first note. Lookups
+look in memory first, then in the catalog; both honour ``responses.ttl_s``.
+A write that fails (a full staging volume) keeps the batch in memory and is
+retried with backoff; the kept bodies waiting are bounded by
+:data:`MAX_PENDING_BODY_BYTES` (past it, new ids are kept without a body:
+``GET`` answers ``response_not_found`` for them while a previous_response_id
+still works).
 
 The terminal response object is kept with the id (unless the caller sent
 ``store: false``, or it is over :data:`MAX_KEPT_BYTES`): the gateway always
@@ -15,17 +21,30 @@ for ``GET``, so ``GET /v1/responses/{id}`` is answered from this copy.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable
 
 import anyio.to_thread
 
-from gateway.evidence.catalog import Catalog
+from gateway.errors import GatewayError
+from gateway.evidence.catalog import Catalog, ResponseRow
+
+log = logging.getLogger("gateway.responses")
 
 #: the largest response object kept for GET
 MAX_KEPT_BYTES = 1 << 20
+#: kept bodies waiting for the catalog, at most (a failing volume must not grow memory)
+MAX_PENDING_BODY_BYTES = 64 << 20
+#: how long the flusher waits after a note for others to share its write
+LINGER_S = 0.02
+#: retry delays while the catalog write fails: doubling from the first, capped at the last
+_BACKOFF_S = (0.1, 5.0)
 Entry = tuple[str, bytes | None]
+_Key = tuple[str, str]
 
 
 class ResponseBook:
@@ -35,25 +54,93 @@ class ResponseBook:
         self._catalog = catalog
         self._ttl_s = ttl_s
         self._clock = clock
+        # Lookups read the front from request tasks while a batch is built; the
+        # catalog write itself runs in a thread, so the front has its own lock.
         self._lock = threading.Lock()
         #: (tenant, id) -> (alias, kept body, expiry) noted but not yet in the catalog
-        self._pending: dict[tuple[str, str], tuple[str, bytes | None, float]] = {}
+        self._pending: dict[_Key, tuple[str, bytes | None, float]] = {}
+        self._pending_bytes = 0
+        #: serializes catalog writes of the flusher with forgets (no forgotten id rewritten)
+        self._writing = asyncio.Lock()
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._flusher(), name="response-book")
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._pending)
 
     def note(self, tenant: str, response_id: str, alias: str, body: bytes | None) -> None:
-        if body is not None and len(body) > MAX_KEPT_BYTES:
-            body = None
         with self._lock:
+            if body is not None and (
+                len(body) > MAX_KEPT_BYTES
+                or self._pending_bytes + len(body) > MAX_PENDING_BODY_BYTES
+            ):
+                body = None
+            old = self._pending.get((tenant, response_id))
+            if old is not None and old[1] is not None:
+                self._pending_bytes -= len(old[1])
             self._pending[(tenant, response_id)] = (alias, body, self._clock() + self._ttl_s)
+            if body is not None:
+                self._pending_bytes += len(body)
+        self._wakeup.set()
 
-    def persist(self, tenant: str, response_id: str) -> None:
-        """Write a noted id to the catalog (blocking: call from a thread)."""
-        with self._lock:
-            noted = self._pending.get((tenant, response_id))
-        if noted is None:
-            return
-        self._catalog.record_response(tenant, response_id, noted[0], self._ttl_s, noted[1])
-        with self._lock:
-            self._pending.pop((tenant, response_id), None)
+    async def flush(self) -> int:
+        """Write everything noted so far; the number of ids written."""
+        async with self._writing:
+            with self._lock:
+                batch = dict(self._pending)
+            if not batch:
+                return 0
+            rows = [
+                ResponseRow(tenant, rid, alias, int(expires), body)
+                for (tenant, rid), (alias, body, expires) in batch.items()
+            ]
+            await anyio.to_thread.run_sync(self._catalog.record_responses, rows)
+            with self._lock:
+                for key, noted in batch.items():
+                    # A note of the same id meanwhile stays for the next batch.
+                    if self._pending.get(key) is noted:
+                        del self._pending[key]
+                        if noted[1] is not None:
+                            self._pending_bytes -= len(noted[1])
+            return len(rows)
+
+    async def _flusher(self) -> None:
+        delay, failing = _BACKOFF_S[0], False
+        while True:
+            await self._wakeup.wait()
+            await asyncio.sleep(LINGER_S)
+            self._wakeup.clear()
+            try:
+                await self.flush()
+            except GatewayError as exc:
+                if not failing:
+                    log.error("responses: catalog write failed (%s), retrying", exc.code)
+                failing = True
+                self._wakeup.set()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _BACKOFF_S[1])
+                continue
+            if failing:
+                log.info("responses: catalog writes recovered")
+            delay, failing = _BACKOFF_S[0], False
+
+    async def aclose(self, timeout_s: float) -> int:
+        """Stop the flusher and write what is left within ``timeout_s``; the
+        number of ids left unwritten."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        with contextlib.suppress(GatewayError, TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self.flush()
+        return self.pending
 
     async def entry(self, tenant: str, response_id: str) -> Entry | None:
         """(alias, kept response object) of the tenant's live id; None if not its own."""
@@ -68,6 +155,9 @@ class ResponseBook:
         return None if found is None else found[0]
 
     async def forget(self, tenant: str, response_id: str) -> None:
-        with self._lock:
-            self._pending.pop((tenant, response_id), None)
-        await anyio.to_thread.run_sync(self._catalog.forget_response, tenant, response_id)
+        async with self._writing:
+            with self._lock:
+                noted = self._pending.pop((tenant, response_id), None)
+                if noted is not None and noted[1] is not None:
+                    self._pending_bytes -= len(noted[1])
+            await anyio.to_thread.run_sync(self._catalog.forget_response, tenant, response_id)

@@ -228,6 +228,7 @@ async def start_background(runtime: Runtime) -> None:
         )
         await runtime.metrics_listener.start()
     runtime.readiness.start()
+    runtime.responses.start()
     runtime.background.append(asyncio.create_task(_sweep_expired(runtime), name="evidence-expiry"))
 
 
@@ -255,6 +256,9 @@ async def close_runtime(runtime: Runtime) -> None:
     if runtime.metrics_listener is not None:
         await runtime.metrics_listener.aclose()
     await runtime.readiness.aclose()
+    unwritten = await runtime.responses.aclose(runtime.config.audit.flush_timeout_s)
+    if unwritten:
+        log.warning("responses: %d response ids could not be written to the catalog", unwritten)
     await runtime.receipts.aclose(runtime.config.audit.flush_timeout_s)
     await runtime.ratelimit.aclose(_LIMITS_CLOSE_S)
     await runtime.table.aclose()

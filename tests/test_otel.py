@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -272,9 +271,7 @@ def test_a_caller_leaving_ends_the_worker_call_canceled(
 
 
 def test_each_endpoint_names_its_operation(stack: Stack, exporter: InMemorySpanExporter) -> None:
-    sdk = openai.OpenAI(
-        base_url=stack.url + "/v1", api_key=stack.rs256(), max_retries=0, timeout=10
-    )
+    sdk = stack.sdk()
     calls: dict[str, Callable[[], Any]] = {
         "text_completion": lambda: sdk.completions.with_raw_response.create(
             model=ALIAS, prompt="hi", max_tokens=4

@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.errors import GatewayError
 from gateway.evidence.sniff import MediaModality, media_type_for
@@ -121,6 +121,16 @@ def new_evidence_id() -> str:
 
 def is_evidence_id(value: str) -> bool:
     return EVIDENCE_ID.match(value) is not None
+
+
+class ResponseRow(NamedTuple):
+    """One row of the responses table: a tenant's Responses id, until ``expires``."""
+
+    tenant: str
+    id: str
+    alias: str
+    expires: int
+    body: bytes | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,16 +397,17 @@ class Catalog:
             row = conn.execute("SELECT COUNT(*) FROM leases").fetchone()
         return int(row[0])
 
-    def record_response(
-        self, tenant: str, response_id: str, alias: str, ttl_s: int, body: bytes | None
-    ) -> None:
-        expires = int(self._clock()) + ttl_s
+    def record_responses(self, rows: list[ResponseRow]) -> None:
+        """Record noted Responses ids, all in one transaction."""
         with self._write() as conn:
-            conn.execute(
-                "INSERT OR REPLACE INTO responses (tenant, id, alias, expires, body) "
-                "VALUES (?, ?, ?, ?, ?)",
-                (tenant, response_id, alias, expires, body),
-            )
+            try:
+                conn.executemany(
+                    "INSERT OR REPLACE INTO responses (tenant, id, alias, expires, body) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    rows,
+                )
+            except sqlite3.Error as exc:
+                raise _translate(exc) from exc
 
     def response_entry(self, tenant: str, response_id: str) -> tuple[str, bytes | None] | None:
         """(alias, kept response object) of the tenant's live response id; None if

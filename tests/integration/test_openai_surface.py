@@ -10,9 +10,7 @@ from tests.support.stack import Stack, worker_posts
 
 
 def _sdk(stack: Stack, token: str | None = None) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=stack.url + "/v1", api_key=token or stack.rs256(), max_retries=0, timeout=10
-    )
+    return stack.sdk(token)
 
 
 def test_models_retrieve_and_list_agree(stack: Stack) -> None:

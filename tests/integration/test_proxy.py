@@ -19,7 +19,7 @@ from tests.support.stack import API_KEY, Stack, chat_body, sse_data, worker_post
 
 
 def _sdk(stack: Stack, token: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=stack.url + "/v1", api_key=token, max_retries=0, timeout=10)
+    return stack.sdk(token)
 
 
 @pytest.mark.parametrize("credential", ["rs256", "hs256", "api_key"])

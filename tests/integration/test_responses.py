@@ -39,9 +39,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 def _sdk(stack: Stack, tenant: str = "acme") -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=stack.url + "/v1", api_key=stack.rs256(tenant=tenant), max_retries=0, timeout=10
-    )
+    return stack.sdk(stack.rs256(tenant=tenant))
 
 
 def _last_post(stack: Stack) -> dict[str, Any]:

@@ -181,9 +181,7 @@ def test_canceled_finish(fast_stack: Stack) -> None:
 
 
 def test_sdk_sees_error_event_and_no_done(fast_stack: Stack) -> None:
-    client = openai.OpenAI(
-        base_url=fast_stack.url + "/v1", api_key=fast_stack.rs256(), max_retries=0
-    )
+    client = fast_stack.sdk(timeout=600)
     stream = client.chat.completions.create(
         model="gemma-4-mm",
         messages=[{"role": "user", "content": "[[sim fault=error_json chunks=6]]"}],

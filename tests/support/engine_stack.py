@@ -45,11 +45,10 @@ class EngineStack(Stack):
         self.dir = directory
         self.adapter = adapter
         self.gw = gateway
+        self.sdk_clients = []
 
     def openai(self, token: str | None = None) -> openai.OpenAI:
-        return openai.OpenAI(
-            base_url=self.url + "/v1", api_key=token or self.rs256(), max_retries=0, timeout=120
-        )
+        return self.sdk(token, timeout=120)
 
 
 @contextmanager
@@ -74,7 +73,11 @@ def running_engine_stack(
     )
     with Gateway(config) as gateway:
         assert gateway.wait_ready(), "the gateway never saw the engine adapter ready"
-        yield EngineStack(directory, adapter, gateway)
+        stack = EngineStack(directory, adapter, gateway)
+        try:
+            yield stack
+        finally:
+            stack.close_clients()
 
 
 # -- exchanges both ways: through the gateway, and straight to the adapter ------

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 
 from gateway.auth import mint_dev_token
 from gateway.testing.harness import (
@@ -61,6 +62,23 @@ class Stack:
         self.dir = directory
         self.sim = sim
         self.gw = gateway
+        self.sdk_clients: list[openai.OpenAI] = []
+
+    def sdk(self, token: str | None = None, *, timeout: float = 10) -> openai.OpenAI:
+        """An openai SDK client on the gateway, closed with the stack."""
+        client = openai.OpenAI(
+            base_url=self.url + "/v1",
+            api_key=token or self.rs256(),
+            max_retries=0,
+            timeout=timeout,
+        )
+        self.sdk_clients.append(client)
+        return client
+
+    def close_clients(self) -> None:
+        for client in self.sdk_clients:
+            client.close()
+        self.sdk_clients.clear()
 
     @property
     def url(self) -> str:
@@ -164,6 +182,9 @@ def running_stack(
         with Gateway(config, tracing=tracing, **(server_options or {})) as gateway:
             stack = Stack(directory, sim, gateway)
             assert gateway.wait_ready(), "gateway never saw the simulator ready"
-            yield stack
+            try:
+                yield stack
+            finally:
+                stack.close_clients()
     finally:
         sim.stop()
