@@ -51,4 +51,6 @@ def build_limits_store(
         on_error=section.on_error,
         lease_s=lease_s,
         metrics=metrics,
+        # readiness (spec §15, §16): the store is probed as often as the worker
+        probe_interval_s=config.upstream.readiness_poll_s,
     )

@@ -49,6 +49,7 @@ while the tokens they reserved stay charged: nothing refunds them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -123,9 +124,12 @@ class RedisLimitsStore:
         metrics: StoreMetrics | None = None,
         max_pending: int = 100_000,
         secret: str | None = None,
+        probe_interval_s: float | None = None,
     ) -> None:
         if timeout_s <= 0 or lease_s <= 0:
             raise ValueError("timeout_s and lease_s must be positive")
+        if probe_interval_s is not None and probe_interval_s <= 0:
+            raise ValueError("probe_interval_s must be positive")
         tenant_keys(key_prefix, "")  # validates the prefix
         self._client = client
         self._prefix = key_prefix
@@ -139,6 +143,8 @@ class RedisLimitsStore:
         self._settle = client.register_script(SETTLE)
         self._healthy = True
         self._dropping = False
+        self._probe_interval_s = probe_interval_s
+        self._prober: asyncio.Task[None] | None = None
         self._flusher: Flusher[_Settlement] = Flusher(
             self._apply,
             name="limits-settlements",
@@ -188,6 +194,18 @@ class RedisLimitsStore:
         self._flusher.start()
         # Not fatal: a replica may start while Redis is away, and recovers with it.
         await self.probe()
+        if self._probe_interval_s is not None and self._prober is None:
+            self._prober = asyncio.create_task(
+                self._probe_every(self._probe_interval_s), name="limits-probe"
+            )
+
+    async def _probe_every(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.probe()
+            except Exception as exc:  # a bug must not stop the probe (nor freeze `healthy`)
+                self._failed("probe", exc)
 
     async def probe(self) -> bool:
         """PING within the timeout; updates ``healthy``."""
@@ -207,6 +225,11 @@ class RedisLimitsStore:
         return await self._flusher.flush(timeout_s)
 
     async def aclose(self, timeout_s: float = 5.0) -> int:
+        prober, self._prober = self._prober, None
+        if prober is not None:
+            prober.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await prober
         unapplied = await self._flusher.aclose(timeout_s)
         if unapplied:
             log.warning(
