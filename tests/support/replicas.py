@@ -32,9 +32,17 @@ PREFIX = "mrgw:"
 HANG = "[[sim first_delay_ms=120000 keepalive_ms=0]]"
 
 
+#: local admission never the bottleneck: these tests are about the shared limits
+CAPACITY = 64
+
+
 def tenant_policy(name: str, **limits: int) -> dict[str, Any]:
     """A policy whose shared limits are exactly ``limits`` (the rest unlimited)."""
-    return default_policy(name, limits={"max_output_tokens": 1024, **limits})
+    return default_policy(
+        name,
+        limits={"max_output_tokens": 1024, **limits},
+        admission={"share": 1, "max_permits": CAPACITY, "queue_timeout_s": 5},
+    )
 
 
 def fleet_configs(
@@ -57,6 +65,7 @@ def fleet_configs(
             issuers=issuers(),
             limits_store=section,
             upstream=dict(upstream or {}),
+            admission={"capacity": CAPACITY, "max_queue": 4 * CAPACITY},
         )
         for i in range(count)
     ]
