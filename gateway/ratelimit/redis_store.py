@@ -29,9 +29,13 @@ False during an episode. There is no circuit breaker: each request tries
 again, so the store recovers by itself as soon as Redis answers.
 
 A reservation whose answer was lost (timeout, cancellation) may still have
-been applied by the server; its slot and hold entry are voided through the
-settlement queue (a settle with no token refund), so the slot is freed but
-the tokens stay charged, the conservative direction.
+been applied by the server, or may still be on its way there (the command
+sits in a socket buffer while the server is paused). It is *voided* through
+the settlement queue: a settle with no token refund, on another connection.
+If the void finds the reservation's slot, the slot is freed and its tokens
+stay charged (the conservative direction); if it finds nothing, it leaves a
+tombstone for the lease, and a reservation arriving after its void takes
+nothing at all (``scripts``). Either order frees the slot.
 
 **Settle** is synchronous and never waits: it queues a settlement on a
 :class:`~gateway.ratelimit.flusher.Flusher` whose one task pipelines
@@ -85,6 +89,7 @@ class TenantKeys:
     day: str
     slots: str
     holds: str
+    void: str
 
 
 def tenant_keys(prefix: str, tenant: str) -> TenantKeys:
@@ -92,7 +97,9 @@ def tenant_keys(prefix: str, tenant: str) -> TenantKeys:
     if "{" in prefix or "}" in prefix:
         raise ValueError("key_prefix must not contain braces (they are the hash tag)")
     base = f"{prefix}{{{tenant.encode('utf-8').hex()}}}:"
-    return TenantKeys(base + "rpm", base + "tpm", base + "day", base + "slots", base + "holds")
+    return TenantKeys(
+        base + "rpm", base + "tpm", base + "day", base + "slots", base + "holds", base + "void"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +110,8 @@ class _Settlement:
     minute_refund: int
     day: int
     day_refund: int
+    #: the void of a reservation whose reply was lost (see the module docstring)
+    void: bool = False
 
 
 def _float(raw: Any) -> float | None:
@@ -275,7 +284,14 @@ class RedisLimitsStore:
         try:
             async with asyncio.timeout(self._timeout_s):
                 raw = await self._reserve(
-                    keys=[keys.requests, keys.tokens, keys.day, keys.slots, keys.holds],
+                    keys=[
+                        keys.requests,
+                        keys.tokens,
+                        keys.day,
+                        keys.slots,
+                        keys.holds,
+                        keys.void,
+                    ],
                     args=args,
                 )
         except _STORE_ERRORS as exc:
@@ -329,7 +345,7 @@ class RedisLimitsStore:
     def _void(self, keys: TenantKeys, hold_id: str) -> None:
         """A reservation whose answer was lost: free its slot, keep its tokens charged."""
         if hold_id:
-            self._enqueue(_Settlement(keys, hold_id, 0, 0, -1, 0))
+            self._enqueue(_Settlement(keys, hold_id, 0, 0, -1, 0, void=True))
 
     def _enqueue(self, settlement: _Settlement) -> None:
         if self._flusher.put(settlement):
@@ -350,8 +366,22 @@ class RedisLimitsStore:
                 async with self._client.pipeline(transaction=False) as pipe:
                     for s in batch:
                         await self._settle(
-                            keys=[s.keys.tokens, s.keys.day, s.keys.slots, s.keys.holds],
-                            args=(s.hold, s.tpm, s.minute_refund, s.day, s.day_refund),
+                            keys=[
+                                s.keys.tokens,
+                                s.keys.day,
+                                s.keys.slots,
+                                s.keys.holds,
+                                s.keys.void,
+                            ],
+                            args=(
+                                s.hold,
+                                s.tpm,
+                                s.minute_refund,
+                                s.day,
+                                s.day_refund,
+                                1 if s.void else 0,
+                                self._lease_ms,
+                            ),
                             client=pipe,
                         )
                     results = await pipe.execute(raise_on_error=False)

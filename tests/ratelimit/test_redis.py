@@ -284,3 +284,50 @@ async def test_password_from_the_environment_and_never_logged(
         await bad.aclose(2)
     assert "limits store unavailable" in caplog.text
     assert secret not in caplog.text
+
+
+async def test_a_void_that_overtakes_its_lost_reservation_leaves_nothing_taken(
+    redis_stores: StoreFactory, shared_redis: RedisServer
+) -> None:
+    """The void of a lost reserve travels on another connection and may reach the
+    server first (e.g. both queued behind a pause): the reservation then takes nothing."""
+    from gateway.ratelimit.redis_store import _Settlement
+
+    store = await redis_stores(lease_s=30)
+    keys = tenant_keys("mrgw:", "acme")
+    await store._apply([_Settlement(keys, "lost-1", 0, 0, -1, 0, void=True)])
+    with shared_redis.client() as client:
+        assert client.zcard(keys.void) == 1
+        assert 60_000 < client.pttl(keys.void) <= 90_000  # a TTL, like every key
+    # the lost reservation arrives now: rpm 5, tpm 1000 (100), 1 slot, registered
+    args = (5, 1000, 100, 0, 0, 1, "lost-1", 30_000, 1)
+    raw = await store._reserve(
+        keys=[keys.requests, keys.tokens, keys.day, keys.slots, keys.holds, keys.void], args=args
+    )
+    assert int(raw[0]) == 16  # voided: nothing taken
+    with shared_redis.client() as client:
+        assert client.zcard(keys.slots) == client.zcard(keys.holds) == 0
+        assert not client.exists(keys.requests, keys.tokens, keys.void)
+    # the tenant's whole budget and its one slot are there
+    hold = await store.reserve("acme", TenantLimits(5, 1000, None, 1), 100)
+    assert hold.headers()["x-ratelimit-remaining-requests"] == "4"
+    assert hold.headers()["x-ratelimit-remaining-tokens"] == "900"
+    await settled(store, hold, 100)
+
+
+async def test_a_void_after_its_reservation_frees_the_slot_and_keeps_the_tokens(
+    redis_stores: StoreFactory, shared_redis: RedisServer
+) -> None:
+    from gateway.ratelimit.redis_store import _Settlement
+
+    store = await redis_stores(lease_s=30)
+    keys = tenant_keys("mrgw:", "acme")
+    hold = await store.reserve("acme", TenantLimits(5, 1000, None, 1), 100)
+    assert hold.slot is not None
+    await store._apply([_Settlement(keys, hold.slot, 0, 0, -1, 0, void=True)])
+    with shared_redis.client() as client:
+        assert client.zcard(keys.slots) == client.zcard(keys.holds) == 0
+        assert not client.exists(keys.void)  # it found its reservation: no tombstone
+    again = await store.reserve("acme", TenantLimits(5, 1000, None, 1), 100)  # the slot is free
+    assert int(again.headers()["x-ratelimit-remaining-tokens"]) < 900  # 100 stayed charged
+    await settled(store, again, 100)
