@@ -168,6 +168,7 @@ async def test_a_killed_replicas_slot_expires_but_its_tokens_stay_charged(
 TRICKY_TENANTS = [
     "a:b",
     "a",
+    "A",
     ":b",
     "a:",
     "b",
