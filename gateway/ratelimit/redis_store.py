@@ -16,8 +16,8 @@ keys or pattern-match them, and the braces are a cluster hash tag, so one
 tenant's keys share a slot. Every key written has a TTL (see ``scripts``).
 
 **Reserve.** One ``reserve`` script call per request, within ``timeout_s``
-(applied to the socket and connect timeouts and, around the whole call, by
-``asyncio.timeout``); redis-py's own retries are off. A store that is
+(the connect timeout and, around the whole call, ``asyncio.timeout``; no
+socket timeout, see ``from_url``); redis-py's own retries are off. A store that is
 unreachable, refuses the script, or is slower than the timeout is a
 *failure*: ``on_error: closed`` raises 503 ``limits_unavailable``;
 ``on_error: open`` serves the request with an unchecked :class:`Hold` (no
@@ -179,7 +179,12 @@ class RedisLimitsStore:
             max_connections=max_connections,
             # Waiting for a free connection is bounded by the call's own timeout.
             timeout=None,
-            socket_timeout=timeout_s,
+            # No socket_timeout: redis-py applies it to writes with
+            # asyncio.wait_for, which on Python 3.11 swallows a cancellation
+            # that lands as the write completes (CPython gh-86296): a cancelled
+            # request would go on, and a flusher being closed would never stop.
+            # Every call is bounded by its own asyncio.timeout instead.
+            socket_timeout=None,
             socket_connect_timeout=timeout_s,
             retry=Retry(NoBackoff(), 0),
             retry_on_timeout=False,

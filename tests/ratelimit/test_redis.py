@@ -332,3 +332,30 @@ async def test_a_void_after_its_reservation_frees_the_slot_and_keeps_the_tokens(
     again = await store.reserve("acme", TenantLimits(5, 1000, None, 1), 100)  # the slot is free
     assert int(again.headers()["x-ratelimit-remaining-tokens"]) < 900  # 100 stayed charged
     await settled(store, again, 100)
+
+
+async def test_a_cancelled_call_is_never_swallowed(redis_stores: StoreFactory) -> None:
+    """A cancel landing anywhere in a store call propagates (redis-py's socket
+    timeout used asyncio.wait_for, which on 3.11 could swallow it), so a
+    cancelled request stops and a closing flusher stops."""
+    store = await redis_stores()
+    limits = TenantLimits(10**6, 10**9, None, 10**3)
+    for steps in range(16):
+        task = asyncio.create_task(store.reserve("acme", limits, 1))
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        if task.done():
+            store.settle(task.result(), 1)
+            continue
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    # the flusher, closed while it applies a batch: every interruption point
+    for steps in range(16):
+        closing = await redis_stores()
+        hold = await closing.reserve("acme", limits, 1)
+        closing.settle(hold, 1)
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        async with asyncio.timeout(10):
+            assert await closing.aclose(0) in (0, 1)
