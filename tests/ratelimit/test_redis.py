@@ -292,7 +292,7 @@ async def test_a_void_that_overtakes_its_lost_reservation_leaves_nothing_taken(
 ) -> None:
     """The void of a lost reserve travels on another connection and may reach the
     server first (e.g. both queued behind a pause): the reservation then takes nothing."""
-    from gateway.ratelimit.redis_store import _Settlement
+    from gateway.ratelimit.redis_store import RESERVE_SCRIPT, _Settlement
 
     store = await redis_stores(lease_s=30)
     keys = tenant_keys("mrgw:", "acme")
@@ -302,10 +302,9 @@ async def test_a_void_that_overtakes_its_lost_reservation_leaves_nothing_taken(
         assert 60_000 < client.pttl(keys.void) <= 90_000  # a TTL, like every key
     # the lost reservation arrives now: rpm 5, tpm 1000 (100), 1 slot, registered
     args = (5, 1000, 100, 0, 0, 1, "lost-1", 30_000, 1)
-    raw = await store._reserve(
-        keys=[keys.requests, keys.tokens, keys.day, keys.slots, keys.holds, keys.void], args=args
-    )
-    assert int(raw[0]) == 16  # voided: nothing taken
+    fields = [keys.requests, keys.tokens, keys.day, keys.slots, keys.holds, keys.void]
+    (raw,) = await store._eval([(RESERVE_SCRIPT, fields, args)])
+    assert isinstance(raw, list) and raw[0] == 16  # voided: nothing taken
     with shared_redis.client() as client:
         assert client.zcard(keys.slots) == client.zcard(keys.holds) == 0
         assert not client.exists(keys.requests, keys.tokens, keys.void)
