@@ -1,6 +1,6 @@
 """What the shared limits store costs a request: the gateway on Redis vs on memory.
 
-Run: ``.venv/bin/python -m bench.bench_redis [--quick] [-n 1000] [--rounds 3] [--out PATH]``
+Run: ``.venv/bin/python -m bench.bench_redis [--quick] [-n 500] [--rounds 6] [--out PATH]``
 
 One run starts, on 127.0.0.1, the protocol simulator, a throwaway
 ``redis-server`` (no persistence) and two ``mistralrs-gateway serve``
@@ -135,6 +135,8 @@ class Target:
         self.stream: list[float] = []
         self.cpu_s = 0.0
         self.ok = 0
+        #: (TTFT p50 ms, CPU s per 1000) of each round
+        self.per_round: list[tuple[float, float]] = []
         self.errors: dict[str, int] = {}
 
     def payload(self) -> Callable[[int], bytes]:
@@ -168,10 +170,14 @@ def _round(run: asyncio.Runner, target: Target, total: int, warm: int) -> None:
         sent = sum(1 for r in measured.results if r.sent)
         # the round's work ends with its receipts on disk
         eventually(lambda: _lines(target.receipts) >= written + sent, 10)
-        target.cpu_s += target.child.cpu_s() - before
+        cpu = target.child.cpu_s() - before
+        target.cpu_s += cpu
     finally:
         close_connections(conns)
     ok = measured.ok
+    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
+    if ttfts:
+        target.per_round.append((_pct(ttfts, 0.5) * 1000, cpu * 1000 / max(1, len(ok))))
     target.ok += len(ok)
     target.ttft += [r.ttft_s for r in ok if r.ttft_s is not None]
     target.stream += [r.duration_s for r in ok]
@@ -295,6 +301,12 @@ def run(total: int, rounds: int, warm: int, store_n: int, out: Path) -> dict[str
         key: round(figures["redis"][key] - figures["memory"][key], 4)
         for key in ("ttft_p50_ms", "ttft_p99_ms", "stream_p50_ms", "cpu_s_per_1000")
     }
+    # paired by round (each redis round ran right after its memory round)
+    pairs = list(zip(targets[0].per_round, targets[1].per_round, strict=False))
+    per_round = {
+        "ttft_p50_ms": [round(r[0] - m[0], 3) for m, r in pairs],
+        "cpu_s_per_1000": [round(r[1] - m[1], 3) for m, r in pairs],
+    }
     report = {
         "version": 1,
         "params": {"total_per_round": total, "rounds": rounds, "concurrency": 1, "chunks": CHUNKS},
@@ -306,6 +318,7 @@ def run(total: int, rounds: int, warm: int, store_n: int, out: Path) -> dict[str
         "elapsed_s": round(time.monotonic() - started, 1),
         "gateway": figures,
         "delta_redis_minus_memory": delta,
+        "delta_per_round": per_round,
         "store_reserve": store_latency,
         "gateway_reserve_histogram": histogram,
         "targets": [
@@ -365,6 +378,14 @@ def table(report: dict[str, Any]) -> str:
         f"(redis gateway's own gateway_limits_store_seconds{{op=reserve}}: {h['count']} calls,"
         f" p50 <= {h['p50_le_ms']} ms, p99 <= {h['p99_le_ms']} ms by bucket)"
     )
+    rounds = report["delta_per_round"]
+    for key, label in (("ttft_p50_ms", "TTFT p50 ms"), ("cpu_s_per_1000", "CPU s/1000")):
+        values = rounds[key]
+        if values:
+            lines.append(
+                f"per round, redis - memory, {label}: median {statistics.median(values):+.3f}"
+                f" (rounds: {', '.join(f'{v:+.3f}' for v in values)})"
+            )
     errors = {k: v["errors"] for k, v in g.items() if v["errors"]}
     lines.append(f"errors: {errors or 0}")
     for t in report["targets"]:
@@ -376,14 +397,14 @@ def table(report: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_redis", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="tiny counts (smoke test)")
-    parser.add_argument("-n", type=int, default=1000, help="measured requests per round and store")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per store")
+    parser.add_argument("-n", type=int, default=500, help="measured requests per round and store")
+    parser.add_argument("--rounds", type=int, default=6, help="alternating rounds per store")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON")
     args = parser.parse_args(argv)
     if args.quick:
         report = run(total=20, rounds=1, warm=5, store_n=200, out=args.out)
     else:
-        report = run(total=args.n, rounds=args.rounds, warm=100, store_n=5000, out=args.out)
+        report = run(total=args.n, rounds=args.rounds, warm=50, store_n=5000, out=args.out)
     print(table(report))
     print(f"\nJSON written to {args.out}")
     return 0
