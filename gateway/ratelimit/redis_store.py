@@ -4,12 +4,10 @@ Theory of operation
 -------------------
 
 Every replica of the gateway points at one Redis. Each decision is one Lua
-script run by the server (``gateway.ratelimit.scripts``), sent as
-``EVALSHA`` (loaded with ``SCRIPT LOAD`` when the server answers
-``NOSCRIPT``, e.g. after a restart): the check and the take happen in one
-round trip, in one atomic step, on the server's clock, so N replicas admit
-exactly what one would. Nothing is read by a replica and then written back.
-The client is ``gateway.ratelimit.wire`` (pipelined RESP2 over asyncio).
+script run by the server (``gateway.ratelimit.scripts``), registered with
+``register_script``: the check and the take happen in one round trip, in
+one atomic step, on the server's clock, so N replicas admit exactly what one
+would. Nothing is read by a replica and then written back.
 
 Keys are ``<key_prefix>{<tenant as UTF-8 hex>}:<kind>``. The hex spelling
 makes the mapping from tenant names to keys injective: no tenant name
@@ -18,8 +16,8 @@ keys or pattern-match them, and the braces are a cluster hash tag, so one
 tenant's keys share a slot. Every key written has a TTL (see ``scripts``).
 
 **Reserve.** One ``reserve`` script call per request, within ``timeout_s``
-(``asyncio.timeout`` around the whole call, a new connection included);
-nothing is retried within a call. A store that is
+(the connect timeout and, around the whole call, ``asyncio.timeout``; no
+socket timeout, see ``from_url``); redis-py's own retries are off. A store that is
 unreachable, refuses the script, or is slower than the timeout is a
 *failure*: ``on_error: closed`` raises 503 ``limits_unavailable``;
 ``on_error: open`` serves the request with an unchecked :class:`Hold` (no
@@ -40,9 +38,8 @@ tombstone for the lease, and a reservation arriving after its void takes
 nothing at all (``scripts``). Either order frees the slot.
 
 **Settle** is synchronous and never waits: it queues a settlement on a
-:class:`~gateway.ratelimit.flusher.Flusher` whose one task, at most
-``settle_linger_s`` (5 ms) after the first of a batch, pipelines ``settle``
-script calls (one per hold) in one write and retries with backoff while Redis
+:class:`~gateway.ratelimit.flusher.Flusher` whose one task pipelines
+``settle`` script calls (one per hold) and retries with backoff while Redis
 is failing. Settlements are idempotent on the server (a hold's entry in the
 ``holds`` set is removed by the one settlement that applies its refunds),
 so a batch retried after a lost reply is not applied twice.
@@ -57,20 +54,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import os
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError, RedisError
+
 from gateway.errors import GatewayError
 from gateway.ratelimit.base import Hold, NullMetrics, StoreMetrics
 from gateway.ratelimit.core import TenantLimits, Verdict, charges, judge
 from gateway.ratelimit.flusher import Flusher
-from gateway.ratelimit.resp import Reply, RespError, encode_parts
 from gateway.ratelimit.scripts import RESERVE, SETTLE
-from gateway.ratelimit.wire import Command, RedisWire
 
 __all__ = ["RedisLimitsStore", "TenantKeys", "tenant_keys"]
 
@@ -78,15 +77,13 @@ log = logging.getLogger("gateway.limits")
 
 OnError = Literal["closed", "open"]
 #: the failures that make a store call fail (rather than a gateway bug)
-_STORE_ERRORS = (RespError, OSError, TimeoutError)
-#: encoded command prefixes kept (bounded like the tenants, which come from config)
-_MAX_PREFIXES = 4096
-#: settlements of requests ending within this long share one pipelined write
-SETTLE_LINGER_S = 0.005
-#: error replies that may pass (a batch with one is retried whole, later)
-_TRANSIENT = frozenset({"NOSCRIPT", "LOADING", "BUSY", "OOM", "READONLY", "MASTERDOWN", "TRYAGAIN"})
+_STORE_ERRORS = (RedisError, OSError, TimeoutError)
 #: a settlement batch gets one timeout per this many scripts
 _SCRIPTS_PER_TIMEOUT = 64
+
+
+#: how long the settlement flusher waits, woken from idle, for more to share its write
+_SETTLE_LINGER_S = 0.005
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,21 +118,6 @@ class _Settlement:
     void: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Script:
-    text: str
-    sha: str
-
-    @classmethod
-    def of(cls, text: str) -> Script:
-        return cls(text, hashlib.sha1(text.encode("utf-8"), usedforsecurity=False).hexdigest())
-
-
-RESERVE_SCRIPT = Script.of(RESERVE)
-SETTLE_SCRIPT = Script.of(SETTLE)
-ScriptCall = tuple[Script, list[str], tuple[str | int, ...]]
-
-
 def _float(raw: Any) -> float | None:
     text = raw.decode() if isinstance(raw, bytes) else str(raw)
     return float(text) if text else None
@@ -146,7 +128,7 @@ class RedisLimitsStore:
 
     def __init__(
         self,
-        wire: RedisWire,
+        client: Redis,
         *,
         key_prefix: str = "mrgw:",
         timeout_s: float = 0.05,
@@ -156,14 +138,13 @@ class RedisLimitsStore:
         max_pending: int = 100_000,
         secret: str | None = None,
         probe_interval_s: float | None = None,
-        settle_linger_s: float = SETTLE_LINGER_S,
     ) -> None:
         if timeout_s <= 0 or lease_s <= 0:
             raise ValueError("timeout_s and lease_s must be positive")
         if probe_interval_s is not None and probe_interval_s <= 0:
             raise ValueError("probe_interval_s must be positive")
         tenant_keys(key_prefix, "")  # validates the prefix
-        self._wire = wire
+        self._client = client
         self._prefix = key_prefix
         self._timeout_s = timeout_s
         self._on_error: OnError = on_error
@@ -171,7 +152,8 @@ class RedisLimitsStore:
         self._metrics: StoreMetrics = metrics or NullMetrics()
         self._secret = secret
         self._keys: dict[str, TenantKeys] = {}
-        self._prefixes: dict[tuple[str, ...], bytes] = {}
+        self._reserve = client.register_script(RESERVE)
+        self._settle = client.register_script(SETTLE)
         self._healthy = True
         self._dropping = False
         self._probe_interval_s = probe_interval_s
@@ -180,7 +162,8 @@ class RedisLimitsStore:
             self._apply,
             name="limits-settlements",
             max_pending=max_pending,
-            linger_s=settle_linger_s,
+            # Requests ending close together share one pipelined write.
+            linger_s=_SETTLE_LINGER_S,
             on_failure=lambda exc: self._failed("settle", exc),
             on_success=self._succeeded,
         )
@@ -195,11 +178,26 @@ class RedisLimitsStore:
         max_connections: int = 64,
         **kwargs: Any,
     ) -> RedisLimitsStore:
-        """A store on connections of its own (``rediss://`` is TLS, system CAs)."""
-        wire = RedisWire.from_url(
-            url, password=password, connect_timeout_s=timeout_s, max_connections=max_connections
+        """A store on its own connection pool (``rediss://`` is TLS)."""
+        pool = BlockingConnectionPool.from_url(
+            url,
+            password=password,
+            max_connections=max_connections,
+            # Waiting for a free connection is bounded by the call's own timeout.
+            timeout=None,
+            # No socket_timeout: redis-py applies it to writes with
+            # asyncio.wait_for, which on Python 3.11 swallows a cancellation
+            # that lands as the write completes (CPython gh-86296): a cancelled
+            # request would go on, and a flusher being closed would never stop.
+            # Every call is bounded by its own asyncio.timeout instead.
+            socket_timeout=None,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            retry_on_timeout=False,
+            health_check_interval=0,
         )
-        return cls(wire, timeout_s=timeout_s, secret=password, **kwargs)
+        client = Redis(connection_pool=pool, retry=Retry(NoBackoff(), 0))
+        return cls(client, timeout_s=timeout_s, secret=password, **kwargs)
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -234,9 +232,7 @@ class RedisLimitsStore:
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self._timeout_s):
-                (reply,) = await self._wire.execute([("PING",)])
-            if isinstance(reply, RespError):  # e.g. LOADING while Redis reads its data
-                raise reply
+                await self._client.ping()
         except _STORE_ERRORS as exc:
             self._failed("probe", exc)
             return False
@@ -261,7 +257,8 @@ class RedisLimitsStore:
                 "(their reservations stay charged until their lease ends)",
                 unapplied,
             )
-        await self._wire.aclose()
+        await self._client.aclose()
+        await self._client.connection_pool.aclose()
         return unapplied
 
     # -- decisions ---------------------------------------------------------------
@@ -297,10 +294,17 @@ class RedisLimitsStore:
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self._timeout_s):
-                fields = [keys.requests, keys.tokens, keys.day, keys.slots, keys.holds]
-                (raw,) = await self._eval([(RESERVE_SCRIPT, [*fields, keys.void], args)])
-            if isinstance(raw, RespError):  # e.g. OOM: a full Redis refuses writes
-                raise raw
+                raw = await self._reserve(
+                    keys=[
+                        keys.requests,
+                        keys.tokens,
+                        keys.day,
+                        keys.slots,
+                        keys.holds,
+                        keys.void,
+                    ],
+                    args=args,
+                )
         except _STORE_ERRORS as exc:
             self._void(keys, hold_id)
             self._failed("reserve", exc)
@@ -313,9 +317,7 @@ class RedisLimitsStore:
         finally:
             self._metrics.limits_store_call("reserve", time.perf_counter() - started)
         self._succeeded()
-        assert isinstance(raw, list), raw
         refused, requests, tokens_level, until_midnight, day = raw
-        assert isinstance(refused, int) and isinstance(day, int), raw
         verdict = Verdict(
             int(refused), _float(requests), _float(tokens_level), _float(until_midnight) or 0.0
         )
@@ -372,63 +374,48 @@ class RedisLimitsStore:
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self._timeout_s * (1 + len(batch) // _SCRIPTS_PER_TIMEOUT)):
-                results = await self._eval(
-                    [
-                        (
-                            SETTLE_SCRIPT,
-                            [s.keys.tokens, s.keys.day, s.keys.slots, s.keys.holds, s.keys.void],
-                            (
-                                s.hold,
-                                s.tpm,
-                                s.minute_refund,
-                                s.day,
-                                s.day_refund,
-                                1 if s.void else 0,
-                                self._lease_ms,
-                            ),
-                        )
-                        for s in batch
-                    ]
-                )
+                results = await self._settle_all(batch)
+                if any(isinstance(r, NoScriptError) for r in results):
+                    # A restarted or flushed Redis: load the script and send the batch
+                    # again (settlements are idempotent: none is applied twice).
+                    await self._client.script_load(SETTLE)
+                    results = await self._settle_all(batch)
         finally:
             self._metrics.limits_store_call("settle", time.perf_counter() - started)
         for result in results:
-            if isinstance(result, RespError):
-                if result.code in _TRANSIENT:
-                    raise result  # the whole batch again, later (settlements are idempotent)
+            if isinstance(result, NoScriptError):
+                raise result
+            if isinstance(result, RedisError):
                 # The script itself failed (a bug, or a key of the wrong type):
                 # retrying would fail again, so it is counted and dropped.
                 self._metrics.limits_store_error("settle")
                 log.error("limits settlement refused by the store: %s", self._why(result))
+            elif isinstance(result, Exception):
+                raise result
 
-    def _evalsha(self, script: Script, keys: list[str], args: tuple[str | int, ...]) -> bytes:
-        """``EVALSHA`` encoded; its prefix (name, sha, keys) is cached per tenant and script."""
-        cache_key = (script.sha, *keys)
-        prefix = self._prefixes.get(cache_key)
-        if prefix is None:
-            if len(self._prefixes) >= _MAX_PREFIXES:
-                self._prefixes.clear()
-            prefix = encode_parts(("EVALSHA", script.sha, len(keys), *keys))
-            self._prefixes[cache_key] = prefix
-        return b"*%d\r\n%s%s" % (3 + len(keys) + len(args), prefix, encode_parts(args))
-
-    async def _eval(self, calls: list[ScriptCall]) -> list[Reply]:
-        """Run scripts in one pipeline; scripts the server lacks are loaded and run again."""
-        commands: list[Command] = [self._evalsha(*call) for call in calls]
-        replies = await self._wire.execute(commands)
-        missing = [
-            i for i, r in enumerate(replies) if isinstance(r, RespError) and r.code == "NOSCRIPT"
-        ]
-        if missing:
-            scripts = {calls[i][0] for i in missing}
-            loads: list[Command] = [("SCRIPT", "LOAD", script.text) for script in scripts]
-            again = await self._wire.execute([*loads, *(commands[i] for i in missing)])
-            for reply in again[: len(loads)]:
-                if isinstance(reply, RespError):
-                    raise reply
-            for i, reply in zip(missing, again[len(loads) :], strict=True):
-                replies[i] = reply
-        return replies
+    async def _settle_all(self, batch: list[_Settlement]) -> list[Any]:
+        # EVALSHA queued as is: a Script in a pipeline costs a SCRIPT EXISTS
+        # round trip per batch.
+        async with self._client.pipeline(transaction=False) as pipe:
+            for s in batch:
+                pipe.evalsha(
+                    self._settle.sha,
+                    5,
+                    s.keys.tokens,
+                    s.keys.day,
+                    s.keys.slots,
+                    s.keys.holds,
+                    s.keys.void,
+                    s.hold,
+                    s.tpm,
+                    s.minute_refund,
+                    s.day,
+                    s.day_refund,
+                    1 if s.void else 0,
+                    self._lease_ms,
+                )
+            results: list[Any] = await pipe.execute(raise_on_error=False)
+        return results
 
     # -- health ------------------------------------------------------------------
 

@@ -263,6 +263,25 @@ async def test_settlements_apply_once_even_when_retried(
     await settled(store, after, 1000)
 
 
+async def test_settlements_survive_a_flushed_script_cache(
+    redis_stores: StoreFactory, shared_redis: RedisServer
+) -> None:
+    """A Redis restarted without its scripts (or SCRIPT FLUSH): the settle script
+    is loaded again and the batch applied, with no error counted."""
+    store = await redis_stores()
+    limits = TenantLimits(max_concurrent_requests=1)
+    hold = await store.reserve("acme", limits, 10)
+    with shared_redis.client() as client:
+        client.script_flush()
+    store.settle(hold, 1)
+    assert await store.flush(5)
+    assert store.healthy
+    again = await store.reserve("acme", limits, 10)  # the one slot came back
+    await settled(store, again, 1)
+    with shared_redis.client() as client:
+        assert client.zcard(tenant_keys("mrgw:", "acme").slots) == 0
+
+
 async def test_password_from_the_environment_and_never_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -292,7 +311,7 @@ async def test_a_void_that_overtakes_its_lost_reservation_leaves_nothing_taken(
 ) -> None:
     """The void of a lost reserve travels on another connection and may reach the
     server first (e.g. both queued behind a pause): the reservation then takes nothing."""
-    from gateway.ratelimit.redis_store import RESERVE_SCRIPT, _Settlement
+    from gateway.ratelimit.redis_store import _Settlement
 
     store = await redis_stores(lease_s=30)
     keys = tenant_keys("mrgw:", "acme")
@@ -302,9 +321,10 @@ async def test_a_void_that_overtakes_its_lost_reservation_leaves_nothing_taken(
         assert 60_000 < client.pttl(keys.void) <= 90_000  # a TTL, like every key
     # the lost reservation arrives now: rpm 5, tpm 1000 (100), 1 slot, registered
     args = (5, 1000, 100, 0, 0, 1, "lost-1", 30_000, 1)
-    fields = [keys.requests, keys.tokens, keys.day, keys.slots, keys.holds, keys.void]
-    (raw,) = await store._eval([(RESERVE_SCRIPT, fields, args)])
-    assert isinstance(raw, list) and raw[0] == 16  # voided: nothing taken
+    raw = await store._reserve(
+        keys=[keys.requests, keys.tokens, keys.day, keys.slots, keys.holds, keys.void], args=args
+    )
+    assert int(raw[0]) == 16  # voided: nothing taken
     with shared_redis.client() as client:
         assert client.zcard(keys.slots) == client.zcard(keys.holds) == 0
         assert not client.exists(keys.requests, keys.tokens, keys.void)
