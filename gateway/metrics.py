@@ -8,6 +8,7 @@ Nothing here is module-level state: each app builds its own
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -131,8 +132,19 @@ class GatewayMetrics:
             ["op"],
             registry=r,
         )
-        for op in ("reserve", "settle"):
+        for op in ("reserve", "settle", "probe"):
             self.limits_store_errors.labels(op)
+        # Read from the store at scrape time (watch_limits_store).
+        self.limits_store_healthy = Gauge(
+            "gateway_limits_store_healthy",
+            "1 while the limits store answers (its last call or probe succeeded).",
+            registry=r,
+        )
+        self.limits_settlements_pending = Gauge(
+            "gateway_limits_settlements_pending",
+            "Limits settlements (refunds, slot releases) queued and not yet applied.",
+            registry=r,
+        )
 
     def child(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)``, remembered: prometheus_client validates and
@@ -158,6 +170,11 @@ class GatewayMetrics:
     def on_admission_change(self, upstream: str, in_use: int, queue_depth: int) -> None:
         self.child(self.permits_in_use, upstream).set(in_use)
         self.child(self.queue_depth, upstream).set(queue_depth)
+
+    def watch_limits_store(self, healthy: Callable[[], bool], pending: Callable[[], int]) -> None:
+        """Gauges read at scrape time: ``healthy()`` and ``pending()`` of the store."""
+        self.limits_store_healthy.set_function(lambda: 1.0 if healthy() else 0.0)
+        self.limits_settlements_pending.set_function(lambda: float(pending()))
 
     # StoreMetrics (gateway.ratelimit.base): the limits store reports here.
     def limits_store_call(self, op: str, seconds: float) -> None:

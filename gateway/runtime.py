@@ -99,9 +99,17 @@ class Runtime:
             raise GatewayError("upstream_not_ready")
 
     def not_ready_reason(self) -> str | None:
-        """Why ``/readyz`` is 503 beyond the worker's routes, if it is."""
+        """Why ``/readyz`` is 503 beyond the worker's routes, if it is.
+
+        Reads state only (the receipt writer's, the limits store's from its
+        last call or probe), so a probe never waits for either. A failing
+        limits store makes the replica unready only under ``on_error:
+        closed``, where it refuses inference (spec §15); under ``open`` it
+        serves unchecked and stays ready."""
         if not self.receipts.healthy:
             return "audit_unavailable"
+        if not self.ratelimit.healthy and self.config.limits_store.on_error == "closed":
+            return "limits_unavailable"
         return None
 
     async def reload(self) -> list[str]:
@@ -194,6 +202,7 @@ async def build_runtime(loaded: Loaded, tracing: Tracing | None = None) -> Runti
     await receipts.start()
     ratelimit = build_limits_store(config, metrics)
     await ratelimit.start()
+    metrics.watch_limits_store(lambda: ratelimit.healthy, lambda: ratelimit.pending_settlements)
     # Only issuers with jwks_url need HTTP; never follow redirects for keys.
     keys_http = (
         httpx.AsyncClient(follow_redirects=False, trust_env=False, timeout=5)

@@ -80,3 +80,27 @@ def test_quick_media_bench_runs_and_reports_each_scenario() -> None:
         assert f"\n{name}" in out, out
     assert "[400] x1" in out and "[200] x8" in out, out
     assert "Traceback" not in done.stderr.decode(errors="replace")
+
+
+def test_quick_redis_bench_reports_both_stores_without_errors(tmp_path: Path) -> None:
+    out = tmp_path / "redis.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.bench_redis", "--quick", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    assert b"store reserve p99" in done.stdout
+    report = orjson.loads(out.read_bytes())
+    for store in ("memory", "redis"):
+        figures = report["gateway"][store]
+        assert figures["errors"] == {} and figures["ok"] == 20
+        assert figures["ttft_p50_ms"] > 0 and figures["cpu_s_per_1000"] >= 0
+        assert report["store_reserve"][store]["p99_us"] > 0
+    assert report["gateway_reserve_histogram"]["count"] >= 25  # every request reserved
+    assert {t["target"] for t in report["targets"]} == {
+        "redis - memory: ttft_p50_ms",
+        "redis - memory: cpu_s_per_1000",
+    }

@@ -6,17 +6,25 @@ pod and do not exist in the repository.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import subprocess
+import time
 from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from redis import Redis
+from redis.exceptions import RedisError
 
 from gateway.config import GatewayConfig
 from gateway.launch import build_plan, check_argv
 from gateway.loader import Loaded, load_all
+from gateway.ratelimit import RedisLimitsStore, TenantLimits
+from tests.support.redis import REDIS_SERVER, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -51,6 +59,12 @@ def only(docs: list[Doc], kind: str) -> Doc:
     found = [d for d in docs if d["kind"] == kind]
     assert len(found) == 1, f"expected one {kind}, found {len(found)}"
     return found[0]
+
+
+@pytest.fixture(scope="module")
+def redis_docs() -> list[Doc]:
+    text = (DEPLOY / "redis.yaml").read_text(encoding="utf-8")
+    return [d for d in yaml.safe_load_all(text) if d is not None]
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +116,7 @@ def test_every_yaml_in_deploy_parses() -> None:
         "k8s.yaml",
         "kustomization.yaml",
         "policies/acme.yaml",
+        "redis.yaml",
     }
     for path in files:
         parsed = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
@@ -329,7 +344,7 @@ def test_secrets_are_not_in_the_manifests(docs: list[Doc], pod: Doc) -> None:
 
 def test_kustomization_builds_the_config_maps() -> None:
     kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text(encoding="utf-8"))
-    assert kustomization["resources"] == ["k8s.yaml"]
+    assert kustomization["resources"] == ["k8s.yaml", "redis.yaml"]
     generators = {g["name"]: g for g in kustomization["configMapGenerator"]}
     assert generators["mistralrs-gateway-config"]["files"] == ["gateway.yaml"]
     policy_files = sorted(p.relative_to(DEPLOY).as_posix() for p in DEPLOY.glob("policies/*.yaml"))
@@ -355,7 +370,139 @@ def test_network_policy_admits_only_8443(docs: list[Doc]) -> None:
     ports = [p for rule in policy["ingress"] for p in rule["ports"]]
     assert ports == [{"port": 8443, "protocol": "TCP"}]
     assert all(rule.get("ports") for rule in policy["ingress"])  # no all-ports rule
-    assert "Egress" in policy["policyTypes"] and policy["egress"] == []
+    assert "Egress" in policy["policyTypes"]
+
+
+def test_gateway_egress_is_only_redis_and_dns(docs: list[Doc], redis_docs: list[Doc]) -> None:
+    policy = only(docs, "NetworkPolicy")["spec"]
+    to_redis, to_dns = policy["egress"]
+    redis_pods = only(redis_docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert to_redis["to"] == [{"podSelector": {"matchLabels": redis_pods}}]
+    redis_port = only(redis_docs, "Service")["spec"]["ports"][0]["port"]
+    assert to_redis["ports"] == [{"port": redis_port, "protocol": "TCP"}]
+    (dns,) = to_dns["to"]
+    assert dns["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}
+    assert dns["namespaceSelector"]
+    assert {(p["port"], p["protocol"]) for p in to_dns["ports"]} == {(53, "UDP"), (53, "TCP")}
+
+
+# --- the shared limits store (redis.yaml, limits_store) -------------------------------
+
+
+def redis_container(redis_docs: list[Doc]) -> Doc:
+    spec: Doc = only(redis_docs, "Deployment")["spec"]["template"]["spec"]
+    return container(spec, "redis")
+
+
+def redis_flags(redis_docs: list[Doc]) -> dict[str, str]:
+    args = redis_container(redis_docs)["args"]
+    assert len(args) % 2 == 0 and all(a.startswith("--") for a in args[::2])
+    return dict(zip(args[::2], args[1::2], strict=True))
+
+
+def test_the_gateway_points_at_the_example_redis(
+    config: GatewayConfig, pod: Doc, redis_docs: list[Doc]
+) -> None:
+    store = config.limits_store
+    assert store.backend == "redis" and store.on_error == "closed"
+    url = urlsplit(store.url)
+    service = only(redis_docs, "Service")
+    assert (url.hostname, url.port) == (
+        service["metadata"]["name"],
+        service["spec"]["ports"][0]["port"],
+    )
+    assert url.password is None and store.password_env is not None
+    # the gateway's variable and Redis' own password come from one Secret key
+    gateway_env = {e["name"]: e for e in container(pod, "gateway")["env"]}
+    redis_env = {e["name"]: e for e in redis_container(redis_docs)["env"]}
+    source = gateway_env[store.password_env]["valueFrom"]["secretKeyRef"]
+    assert source == redis_env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]
+    assert source == redis_env["REDISCLI_AUTH"]["valueFrom"]["secretKeyRef"]
+    assert store.key_prefix and store.key_prefix != "mrgw:"  # an environment of its own
+
+
+def test_redis_refuses_writes_rather_than_evicting_limits(redis_docs: list[Doc]) -> None:
+    flags = redis_flags(redis_docs)
+    # every key has a TTL: an LRU/LFU or volatile-* policy would drop live buckets
+    assert flags["--maxmemory-policy"] == "noeviction"
+    assert flags["--requirepass"] == "$(REDIS_PASSWORD)"
+    assert flags["--appendonly"] == "yes"  # the day's counters survive a restart
+    assert "--protected-mode" not in flags
+    data = mounts(redis_container(redis_docs))[flags["--dir"]]
+    volume = volumes(only(redis_docs, "Deployment")["spec"]["template"]["spec"])[data["name"]]
+    assert "persistentVolumeClaim" in volume
+
+
+def test_redis_pod_is_locked_down(redis_docs: list[Doc]) -> None:
+    deployment = only(redis_docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 1  # one writer: one set of limits
+    spec = deployment["spec"]["template"]["spec"]
+    assert spec["automountServiceAccountToken"] is False
+    ctx = redis_container(redis_docs)["securityContext"]
+    assert ctx["runAsNonRoot"] is True and ctx["allowPrivilegeEscalation"] is False
+    assert ctx["readOnlyRootFilesystem"] is True and ctx["capabilities"]["drop"] == ["ALL"]
+    assert re.search(r"@sha256:[0-9a-f]{64}$", redis_container(redis_docs)["image"])
+    for env in redis_container(redis_docs)["env"]:
+        assert "value" not in env  # secrets only by reference
+    assert not [d for d in redis_docs if d["kind"] == "Secret"]
+    policy = only(redis_docs, "NetworkPolicy")["spec"]
+    (rule,) = policy["ingress"]
+    assert rule["from"] == [{"podSelector": {"matchLabels": APP}}]
+    assert rule["ports"] == [{"port": 6379, "protocol": "TCP"}]
+    assert policy["egress"] == [] and "Egress" in policy["policyTypes"]
+    assert only(redis_docs, "Service")["spec"].get("type", "ClusterIP") == "ClusterIP"
+
+
+def test_redis_runs_with_the_manifests_flags_and_the_store_works_on_it(
+    tmp_path: Path, redis_docs: list[Doc], config: GatewayConfig
+) -> None:
+    """redis-server 7 accepts the manifest's arguments, and the store decides on it."""
+    flags = redis_flags(redis_docs)
+    password = "deploy-test-password"
+    port = free_port()
+    flags.update(
+        {
+            "--requirepass": password,
+            "--dir": str(tmp_path),
+            "--port": str(port),
+            "--bind": "127.0.0.1",  # loopback only in tests
+            "--logfile": str(tmp_path / "redis.log"),
+        }
+    )
+    argv = [REDIS_SERVER, *[x for pair in flags.items() for x in pair]]
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+    try:
+        client = Redis(host="127.0.0.1", port=port, password=password, socket_timeout=1)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                if client.ping():
+                    break
+            except (OSError, RedisError):
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.01)
+        policy = client.config_get("maxmemory-policy")["maxmemory-policy"]
+        assert policy == "noeviction"
+        assert client.config_get("appendonly")["appendonly"] == "yes"
+        client.close()
+
+        async def decide() -> str:
+            store = RedisLimitsStore.from_url(
+                f"redis://127.0.0.1:{port}/0",
+                password=password,
+                timeout_s=2,
+                key_prefix=config.limits_store.key_prefix,
+            )
+            await store.start()
+            hold = await store.reserve("acme", TenantLimits(requests_per_minute=600), 0)
+            await store.aclose(2)
+            return hold.headers()["x-ratelimit-remaining-requests"]
+
+        assert asyncio.run(decide()) == "599"
+    finally:
+        proc.terminate()  # by its PID
+        proc.wait(10)
 
 
 # --- Dockerfile --------------------------------------------------------------------------

@@ -24,7 +24,8 @@ shared ``RedisLimitsStore``.
   for the same hold is a no-op.
 * ``start()``, ``flush(timeout_s)`` and ``aclose(timeout_s)`` bound the
   store's background work; ``healthy`` is False while a shared store is
-  failing (readiness).
+  failing (readiness reads it, never waiting for the store);
+  ``pending_settlements`` counts settlements queued and not yet applied.
 
 A :class:`Hold` is what a reservation took. ``checked=False`` marks the hold
 a failing store hands out under ``on_error: open``: nothing was taken, there
@@ -106,6 +107,9 @@ class LimitsStore(Protocol):
 
     @property
     def healthy(self) -> bool: ...
+
+    @property
+    def pending_settlements(self) -> int: ...
 
     async def start(self) -> None: ...
 

@@ -56,6 +56,7 @@ __all__ = [
     "REFUSED_REQUESTS",
     "REFUSED_SLOTS",
     "REFUSED_TOKENS",
+    "REFUSED_VOID",
     "SECONDS_PER_DAY",
     "SECONDS_PER_MINUTE",
     "Charges",
@@ -79,6 +80,9 @@ REFUSED_REQUESTS = 1
 REFUSED_TOKENS = 2
 REFUSED_DAY = 4
 REFUSED_SLOTS = 8
+#: the shared store had voided this reservation before it ran (nothing taken):
+#: only a caller that already gave up could see it, so it is never admitted
+REFUSED_VOID = 16
 
 
 def format_reset(seconds: float) -> str:
@@ -216,6 +220,8 @@ def bucket_headers(limits: TenantLimits, verdict: Verdict) -> dict[str, str]:
 
 def judge(limits: TenantLimits, want: Charges, verdict: Verdict) -> dict[str, str]:
     """The success headers, or the refusal raised as a :class:`GatewayError`."""
+    if verdict.refused & REFUSED_VOID:
+        raise GatewayError("limits_unavailable")
     if verdict.refused & REFUSED_DAY:
         raise GatewayError(
             "budget_exhausted",

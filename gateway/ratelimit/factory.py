@@ -52,4 +52,7 @@ def build_limits_store(
         on_error=section.on_error,
         lease_s=lease_s,
         metrics=metrics,
+        # readiness (spec §15, §16): the store is probed as often as the
+        # workers are (the most frequent of them)
+        probe_interval_s=min(u.readiness_poll_s for u in config.workers),
     )

@@ -5,8 +5,10 @@ Theory of operation
 
 ``put`` is synchronous and never waits (it is called from a request's one
 ``finally``): it appends to an in-memory queue of at most ``max_pending``
-items and wakes the task. The one task takes up to ``max_batch`` items at a
-time and awaits ``apply(batch)`` (the Redis store pipelines one script call
+items and wakes the task. Woken from idle, the task lingers ``linger_s``
+(so that the items of requests ending close together share one batch and
+one write), then takes up to ``max_batch`` items at a time and awaits
+``apply(batch)`` (the Redis store pipelines one script call
 per item). When ``apply`` raises, the batch goes back to the front of the
 queue and the task retries after a backoff that doubles from
 ``backoff_min_s`` up to ``backoff_max_s``; ``on_failure`` / ``on_success``
@@ -46,6 +48,7 @@ class Flusher(Generic[T]):
         max_batch: int = 256,
         backoff_min_s: float = 0.05,
         backoff_max_s: float = 2.0,
+        linger_s: float = 0.0,
         on_failure: Callable[[BaseException], None] = lambda exc: None,
         on_success: Callable[[], None] = lambda: None,
     ) -> None:
@@ -55,6 +58,7 @@ class Flusher(Generic[T]):
         self._max_batch = max_batch
         self._backoff_min_s = backoff_min_s
         self._backoff_max_s = backoff_max_s
+        self._linger_s = linger_s
         self._on_failure = on_failure
         self._on_success = on_success
         self._pending: deque[T] = deque()
@@ -117,6 +121,8 @@ class Flusher(Generic[T]):
                     return
                 self._wakeup.clear()
                 await self._wakeup.wait()
+                if self._linger_s and not self._closing:
+                    await asyncio.sleep(self._linger_s)
                 continue
             count = min(self._max_batch, len(self._pending))
             batch = [self._pending.popleft() for _ in range(count)]

@@ -74,6 +74,10 @@ class MemoryLimitsStore:
     def healthy(self) -> bool:
         return True
 
+    @property
+    def pending_settlements(self) -> int:
+        return 0  # settlements apply at once
+
     async def start(self) -> None:
         pass
 

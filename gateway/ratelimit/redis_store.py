@@ -16,8 +16,8 @@ keys or pattern-match them, and the braces are a cluster hash tag, so one
 tenant's keys share a slot. Every key written has a TTL (see ``scripts``).
 
 **Reserve.** One ``reserve`` script call per request, within ``timeout_s``
-(applied to the socket and connect timeouts and, around the whole call, by
-``asyncio.timeout``); redis-py's own retries are off. A store that is
+(the connect timeout and, around the whole call, ``asyncio.timeout``; no
+socket timeout, see ``from_url``); redis-py's own retries are off. A store that is
 unreachable, refuses the script, or is slower than the timeout is a
 *failure*: ``on_error: closed`` raises 503 ``limits_unavailable``;
 ``on_error: open`` serves the request with an unchecked :class:`Hold` (no
@@ -29,9 +29,13 @@ False during an episode. There is no circuit breaker: each request tries
 again, so the store recovers by itself as soon as Redis answers.
 
 A reservation whose answer was lost (timeout, cancellation) may still have
-been applied by the server; its slot and hold entry are voided through the
-settlement queue (a settle with no token refund), so the slot is freed but
-the tokens stay charged, the conservative direction.
+been applied by the server, or may still be on its way there (the command
+sits in a socket buffer while the server is paused). It is *voided* through
+the settlement queue: a settle with no token refund, on another connection.
+If the void finds the reservation's slot, the slot is freed and its tokens
+stay charged (the conservative direction); if it finds nothing, it leaves a
+tombstone for the lease, and a reservation arriving after its void takes
+nothing at all (``scripts``). Either order frees the slot.
 
 **Settle** is synchronous and never waits: it queues a settlement on a
 :class:`~gateway.ratelimit.flusher.Flusher` whose one task pipelines
@@ -49,6 +53,7 @@ while the tokens they reserved stay charged: nothing refunds them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -58,7 +63,7 @@ from typing import Any, Literal
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from gateway.errors import GatewayError
 from gateway.ratelimit.base import Hold, NullMetrics, StoreMetrics
@@ -77,6 +82,10 @@ _STORE_ERRORS = (RedisError, OSError, TimeoutError)
 _SCRIPTS_PER_TIMEOUT = 64
 
 
+#: how long the settlement flusher waits, woken from idle, for more to share its write
+_SETTLE_LINGER_S = 0.005
+
+
 @dataclass(frozen=True, slots=True)
 class TenantKeys:
     requests: str
@@ -84,6 +93,7 @@ class TenantKeys:
     day: str
     slots: str
     holds: str
+    void: str
 
 
 def tenant_keys(prefix: str, tenant: str) -> TenantKeys:
@@ -91,7 +101,9 @@ def tenant_keys(prefix: str, tenant: str) -> TenantKeys:
     if "{" in prefix or "}" in prefix:
         raise ValueError("key_prefix must not contain braces (they are the hash tag)")
     base = f"{prefix}{{{tenant.encode('utf-8').hex()}}}:"
-    return TenantKeys(base + "rpm", base + "tpm", base + "day", base + "slots", base + "holds")
+    return TenantKeys(
+        base + "rpm", base + "tpm", base + "day", base + "slots", base + "holds", base + "void"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +114,8 @@ class _Settlement:
     minute_refund: int
     day: int
     day_refund: int
+    #: the void of a reservation whose reply was lost (see the module docstring)
+    void: bool = False
 
 
 def _float(raw: Any) -> float | None:
@@ -123,9 +137,12 @@ class RedisLimitsStore:
         metrics: StoreMetrics | None = None,
         max_pending: int = 100_000,
         secret: str | None = None,
+        probe_interval_s: float | None = None,
     ) -> None:
         if timeout_s <= 0 or lease_s <= 0:
             raise ValueError("timeout_s and lease_s must be positive")
+        if probe_interval_s is not None and probe_interval_s <= 0:
+            raise ValueError("probe_interval_s must be positive")
         tenant_keys(key_prefix, "")  # validates the prefix
         self._client = client
         self._prefix = key_prefix
@@ -139,10 +156,14 @@ class RedisLimitsStore:
         self._settle = client.register_script(SETTLE)
         self._healthy = True
         self._dropping = False
+        self._probe_interval_s = probe_interval_s
+        self._prober: asyncio.Task[None] | None = None
         self._flusher: Flusher[_Settlement] = Flusher(
             self._apply,
             name="limits-settlements",
             max_pending=max_pending,
+            # Requests ending close together share one pipelined write.
+            linger_s=_SETTLE_LINGER_S,
             on_failure=lambda exc: self._failed("settle", exc),
             on_success=self._succeeded,
         )
@@ -164,7 +185,12 @@ class RedisLimitsStore:
             max_connections=max_connections,
             # Waiting for a free connection is bounded by the call's own timeout.
             timeout=None,
-            socket_timeout=timeout_s,
+            # No socket_timeout: redis-py applies it to writes with
+            # asyncio.wait_for, which on Python 3.11 swallows a cancellation
+            # that lands as the write completes (CPython gh-86296): a cancelled
+            # request would go on, and a flusher being closed would never stop.
+            # Every call is bounded by its own asyncio.timeout instead.
+            socket_timeout=None,
             socket_connect_timeout=timeout_s,
             retry=Retry(NoBackoff(), 0),
             retry_on_timeout=False,
@@ -188,6 +214,18 @@ class RedisLimitsStore:
         self._flusher.start()
         # Not fatal: a replica may start while Redis is away, and recovers with it.
         await self.probe()
+        if self._probe_interval_s is not None and self._prober is None:
+            self._prober = asyncio.create_task(
+                self._probe_every(self._probe_interval_s), name="limits-probe"
+            )
+
+    async def _probe_every(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.probe()
+            except Exception as exc:  # a bug must not stop the probe (nor freeze `healthy`)
+                self._failed("probe", exc)
 
     async def probe(self) -> bool:
         """PING within the timeout; updates ``healthy``."""
@@ -207,6 +245,11 @@ class RedisLimitsStore:
         return await self._flusher.flush(timeout_s)
 
     async def aclose(self, timeout_s: float = 5.0) -> int:
+        prober, self._prober = self._prober, None
+        if prober is not None:
+            prober.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await prober
         unapplied = await self._flusher.aclose(timeout_s)
         if unapplied:
             log.warning(
@@ -252,7 +295,14 @@ class RedisLimitsStore:
         try:
             async with asyncio.timeout(self._timeout_s):
                 raw = await self._reserve(
-                    keys=[keys.requests, keys.tokens, keys.day, keys.slots, keys.holds],
+                    keys=[
+                        keys.requests,
+                        keys.tokens,
+                        keys.day,
+                        keys.slots,
+                        keys.holds,
+                        keys.void,
+                    ],
                     args=args,
                 )
         except _STORE_ERRORS as exc:
@@ -306,7 +356,7 @@ class RedisLimitsStore:
     def _void(self, keys: TenantKeys, hold_id: str) -> None:
         """A reservation whose answer was lost: free its slot, keep its tokens charged."""
         if hold_id:
-            self._enqueue(_Settlement(keys, hold_id, 0, 0, -1, 0))
+            self._enqueue(_Settlement(keys, hold_id, 0, 0, -1, 0, void=True))
 
     def _enqueue(self, settlement: _Settlement) -> None:
         if self._flusher.put(settlement):
@@ -324,25 +374,48 @@ class RedisLimitsStore:
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self._timeout_s * (1 + len(batch) // _SCRIPTS_PER_TIMEOUT)):
-                async with self._client.pipeline(transaction=False) as pipe:
-                    for s in batch:
-                        await self._settle(
-                            keys=[s.keys.tokens, s.keys.day, s.keys.slots, s.keys.holds],
-                            args=(s.hold, s.tpm, s.minute_refund, s.day, s.day_refund),
-                            client=pipe,
-                        )
-                    results = await pipe.execute(raise_on_error=False)
+                results = await self._settle_all(batch)
+                if any(isinstance(r, NoScriptError) for r in results):
+                    # A restarted or flushed Redis: load the script and send the batch
+                    # again (settlements are idempotent: none is applied twice).
+                    await self._client.script_load(SETTLE)
+                    results = await self._settle_all(batch)
         finally:
             self._metrics.limits_store_call("settle", time.perf_counter() - started)
         for result in results:
-            if isinstance(result, Exception):
-                if isinstance(result, RedisError) and "NOSCRIPT" not in str(result):
-                    # The script itself failed (a bug, or a key of the wrong type):
-                    # retrying would fail again, so it is counted and dropped.
-                    self._metrics.limits_store_error("settle")
-                    log.error("limits settlement refused by the store: %s", self._why(result))
-                    continue
+            if isinstance(result, NoScriptError):
                 raise result
+            if isinstance(result, RedisError):
+                # The script itself failed (a bug, or a key of the wrong type):
+                # retrying would fail again, so it is counted and dropped.
+                self._metrics.limits_store_error("settle")
+                log.error("limits settlement refused by the store: %s", self._why(result))
+            elif isinstance(result, Exception):
+                raise result
+
+    async def _settle_all(self, batch: list[_Settlement]) -> list[Any]:
+        # EVALSHA queued as is: a Script in a pipeline costs a SCRIPT EXISTS
+        # round trip per batch.
+        async with self._client.pipeline(transaction=False) as pipe:
+            for s in batch:
+                pipe.evalsha(
+                    self._settle.sha,
+                    5,
+                    s.keys.tokens,
+                    s.keys.day,
+                    s.keys.slots,
+                    s.keys.holds,
+                    s.keys.void,
+                    s.hold,
+                    s.tpm,
+                    s.minute_refund,
+                    s.day,
+                    s.day_refund,
+                    1 if s.void else 0,
+                    self._lease_ms,
+                )
+            results: list[Any] = await pipe.execute(raise_on_error=False)
+        return results
 
     # -- health ------------------------------------------------------------------
 

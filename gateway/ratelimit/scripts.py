@@ -15,14 +15,21 @@ key                              type    TTL
                                          (ms): the latest lease + 60 s
 ``<prefix>{T}:holds``            zset    holds with tokens to settle, scored by
                                          lease expiry (ms): the latest lease + 60 s
+``<prefix>{T}:void``             zset    voids that arrived before their lost
+                                         reservation, scored by lease expiry (ms):
+                                         the latest + 60 s; only after a lost call
 ===============================  ======  ==========================================
 
 Time is the server's (``TIME``), never a replica's. Numbers that must keep
 their fraction (levels, times) are written and returned as ``%.17g``
 strings: Redis turns a Lua number reply into an integer.
 
-**reserve** (keys rpm, tpm, day, slots, holds; argv rpm, tpm, minute charge,
-tpd, day charge, max concurrent, hold id, lease ms, register) evaluates every
+**reserve** (keys rpm, tpm, day, slots, holds, void; argv rpm, tpm, minute
+charge, tpd, day charge, max concurrent, hold id, lease ms, register) first
+looks for its hold id in ``void``: a replica gave up on this very call (its
+reply was lost) and the void got there first, so it takes nothing, removes
+the tombstone and answers refused bit 16 (nobody waits for that answer).
+Otherwise it evaluates every
 limit (expired slots are pruned first), and only if none fails takes 1
 request, the minute charge, the day charge (a counter of an older day starts
 again at 0), a slot scored ``now + lease`` and, when ``register`` is 1, the
@@ -31,13 +38,18 @@ checked. Returns ``{refused bits, requests level, tokens level, seconds to
 the next UTC midnight, day}`` (levels as found on refusal, after the take on
 success, ``""`` when unlimited).
 
-**settle** (keys tpm, day, slots, holds; argv hold id, tpm, minute refund,
-day, day refund) applies the token refunds (negative: charges) only if it
-removes the hold's entry from ``holds``: a settlement retried after a lost
-reply, or arriving after the hold's lease, changes nothing (the tokens stay
-charged). The minute's bucket never refills past its limit; the day counter
-is adjusted only while it still counts the hold's day, never below 0. The
-slot is removed in any case. Returns ``{refunds applied 0|1, slot freed 0|1}``.
+**settle** (keys tpm, day, slots, holds, void; argv hold id, tpm, minute
+refund, day, day refund, void 0|1, lease ms) applies the token refunds
+(negative: charges) only if it removes the hold's entry from ``holds``: a
+settlement retried after a lost reply, or arriving after the hold's lease,
+changes nothing (the tokens stay charged). The minute's bucket never refills
+past its limit; the day counter is adjusted only while it still counts the
+hold's day, never below 0. The slot is removed in any case. A *void* (the
+settlement of a reservation whose reply was lost) that finds neither the
+hold nor its slot may have overtaken that reservation on its way to the
+server (another connection): it leaves a tombstone in ``void`` for the
+lease, which the reservation finds if it ever runs. Returns ``{refunds
+applied 0|1, slot freed 0|1}``.
 """
 
 from __future__ import annotations
@@ -70,6 +82,15 @@ local hold, lease, register = ARGV[7], tonumber(ARGV[8]), ARGV[9] == '1'
 local function extend(key, ms)
   if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
 end
+local day = math.floor(sec / 86400)
+local until_midnight = fmt((day + 1) * 86400 - now)
+if hold ~= '' then
+  local dead = redis.call('ZSCORE', KEYS[6], hold)
+  if dead then
+    redis.call('ZREM', KEYS[6], hold)
+    if tonumber(dead) > now_ms then return {16, '', '', until_midnight, day} end
+  end
+end
 local refused = 0
 local rl, tl = nil, nil
 if rpm > 0 then
@@ -80,7 +101,6 @@ if tpm > 0 then
   tl = level(KEYS[2], tpm)
   if minute > 0 and tl < minute then refused = refused + 2 end
 end
-local day = math.floor(sec / 86400)
 local used = 0
 if tpd > 0 then
   local d = redis.call('HMGET', KEYS[3], 'd', 'u')
@@ -117,7 +137,7 @@ end
 local rs, ts = '', ''
 if rl then rs = fmt(rl) end
 if tl then ts = fmt(tl) end
-return {refused, rs, ts, fmt((day + 1) * 86400 - now), day}
+return {refused, rs, ts, until_midnight, day}
 """
 )
 
@@ -126,7 +146,8 @@ SETTLE = (
     + """
 local hold = ARGV[1]
 local applied = 0
-if redis.call('ZREM', KEYS[4], hold) == 1 then
+local held = redis.call('ZREM', KEYS[4], hold)
+if held == 1 then
   applied = 1
   local tpm, refund = tonumber(ARGV[2]), tonumber(ARGV[3])
   if tpm > 0 and refund ~= 0 then
@@ -144,6 +165,15 @@ if redis.call('ZREM', KEYS[4], hold) == 1 then
     end
   end
 end
-return {applied, redis.call('ZREM', KEYS[3], hold)}
+local freed = redis.call('ZREM', KEYS[3], hold)
+if ARGV[6] == '1' and held == 0 and freed == 0 then
+  local lease = tonumber(ARGV[7])
+  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now_ms)
+  redis.call('ZADD', KEYS[5], now_ms + lease, hold)
+  if redis.call('PTTL', KEYS[5]) < lease + 60000 then
+    redis.call('PEXPIRE', KEYS[5], lease + 60000)
+  end
+end
+return {applied, freed}
 """
 )

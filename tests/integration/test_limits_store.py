@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
+
+from tests.support.poll import eventually
 from tests.support.redis import RedisServer
-from tests.support.stack import chat_body, running_stack
+from tests.support.stack import Stack, chat_body, running_stack
 
 
 def test_two_gateways_share_one_tenants_limits(tmp_path: Path, redis_url: str) -> None:
@@ -31,12 +34,32 @@ def test_two_gateways_share_one_tenants_limits(tmp_path: Path, redis_url: str) -
         assert a.metric("gateway_limits_store_seconds_count", op="reserve") == 4
 
 
+def _readyz(stack: Stack) -> tuple[int, dict[str, object]]:
+    """Status and body without the per-route states (all ready here)."""
+    with httpx.Client(base_url=stack.url) as client:
+        response = client.get("/readyz")
+    body = response.json()
+    assert all(route["ready"] for route in body.pop("routes").values())
+    return response.status_code, body
+
+
 def test_an_unreachable_store_is_503_without_touching_the_worker(
     tmp_path: Path, own_redis: RedisServer
 ) -> None:
     store = {"backend": "redis", "url": own_redis.url, "timeout_ms": 200}
     with running_stack(tmp_path, limits_store=store) as stack:
+        assert _readyz(stack) == (200, {"status": "ready", "draining": False})
+        assert stack.metric("gateway_limits_store_healthy") == 1
         own_redis.stop()
+        # The probe notices without any request (off the request path).
+        assert eventually(lambda: _readyz(stack)[0] == 503)
+        assert _readyz(stack)[1] == {
+            "status": "not_ready",
+            "draining": False,
+            "reason": "limits_unavailable",
+        }
+        assert stack.metric("gateway_limits_store_healthy") == 0
+        assert stack.metric("gateway_limits_store_errors_total", op="probe") >= 1
         with stack.client() as client:
             response = client.post("/v1/chat/completions", json=chat_body(max_tokens=5))
         assert response.status_code == 503
@@ -46,5 +69,28 @@ def test_an_unreachable_store_is_503_without_touching_the_worker(
         receipt = stack.receipt(response.headers["x-request-id"])
         assert receipt["error_code"] == "limits_unavailable"
         own_redis.start()
+        # Ready again by itself, before any request: the probe saw Redis answer.
+        assert eventually(lambda: _readyz(stack)[0] == 200)
+        assert stack.metric("gateway_limits_store_healthy") == 1
         with stack.client() as client:
             assert client.post("/v1/chat/completions", json=chat_body()).status_code == 200
+
+
+def test_under_open_an_unreachable_store_stays_ready_and_serves(
+    tmp_path: Path, own_redis: RedisServer
+) -> None:
+    store = {"backend": "redis", "url": own_redis.url, "timeout_ms": 200, "on_error": "open"}
+    with running_stack(tmp_path, limits_store=store) as stack:
+        own_redis.stop()
+        assert eventually(lambda: stack.metric("gateway_limits_store_healthy") == 0)
+        assert _readyz(stack) == (200, {"status": "ready", "draining": False})
+        with stack.client() as client:
+            response = client.post("/v1/chat/completions", json=chat_body(max_tokens=5))
+        assert response.status_code == 200
+        assert "x-ratelimit-limit-requests" not in response.headers  # unchecked: no figures
+        assert stack.metric("gateway_limits_store_errors_total", op="reserve") == 1
+        own_redis.start()
+        assert eventually(lambda: stack.metric("gateway_limits_store_healthy") == 1)
+        with stack.client() as client:
+            checked = client.post("/v1/chat/completions", json=chat_body(max_tokens=5))
+        assert checked.headers["x-ratelimit-limit-requests"] == "6000"

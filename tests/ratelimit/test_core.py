@@ -139,8 +139,8 @@ def test_tenant_keys_are_injective_and_hash_tagged() -> None:
     seen: dict[str, str] = {}
     for name in NAMES:
         keys = tenant_keys("mrgw:", name)
-        fields = [keys.requests, keys.tokens, keys.day, keys.slots, keys.holds]
-        assert len(set(fields)) == 5
+        fields = [keys.requests, keys.tokens, keys.day, keys.slots, keys.holds, keys.void]
+        assert len(set(fields)) == 6
         for key in fields:
             assert key not in seen, (name, seen.get(key))
             seen[key] = name

@@ -129,3 +129,21 @@ def test_store_metrics_are_registered() -> None:
     assert text("gateway_limits_store_seconds_count", {"op": "reserve"}) == 1
     assert text("gateway_limits_store_errors_total", {"op": "reserve"}) == 1
     assert text("gateway_limits_store_errors_total", {"op": "settle"}) == 0
+
+
+WIDEST = ["a", "0", "x" * 63, "a.b", "a-b", "a_b", "a.", "a..", "Z9._-z", "A"]
+REFUSED = ["", "x" * 64, "a:b", "*", "{x}", "a b", " a", "a ", "ünï", "a/b", "a\\b", "a\tb",
+           "a\x00", "a\n", ".a", "-a", "_a", "🦀"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", WIDEST)
+def test_tenant_names_the_policy_allows(name: str) -> None:
+    assert TenantPolicy(tenant=name).tenant == name
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_tenant_names_the_policy_refuses(name: str) -> None:
+    """Tenant names stay `[A-Za-z0-9][A-Za-z0-9_.-]{0,62}` (docs/operations.md):
+    they are file stems, metrics labels, log and receipt fields, and key parts."""
+    with pytest.raises(ValidationError):
+        TenantPolicy(tenant=name)

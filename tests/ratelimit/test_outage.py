@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import pytest
@@ -193,3 +193,31 @@ def test_the_server_helper_restarts_on_the_same_port(own_redis: RedisServer) -> 
     assert own_redis.pid != pid
     with own_redis.client() as client:
         assert client.ping()
+
+
+async def test_the_probe_follows_redis_without_traffic(own_redis: RedisServer) -> None:
+    recorder = Recorder()
+    store = await make(own_redis, recorder, probe_interval_s=0.02)
+    assert store.healthy
+    own_redis.stop()
+    assert await _eventually(lambda: not store.healthy)
+    assert "probe" in recorder.errors and "reserve" not in recorder.errors
+    own_redis.start()  # the same port
+    assert await _eventually(lambda: store.healthy)
+    assert [t.get_name() for t in asyncio.all_tasks()].count("limits-probe") == 1
+    assert await store.aclose(5) == 0
+    assert "limits-probe" not in [t.get_name() for t in asyncio.all_tasks()]
+
+
+def test_the_probe_interval_must_be_positive(own_redis: RedisServer) -> None:
+    with pytest.raises(ValueError, match="probe_interval_s"):
+        RedisLimitsStore.from_url(own_redis.url, probe_interval_s=0)
+
+
+async def _eventually(predicate: Callable[[], bool], timeout_s: float = 5) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True

@@ -168,6 +168,7 @@ async def test_a_killed_replicas_slot_expires_but_its_tokens_stay_charged(
 TRICKY_TENANTS = [
     "a:b",
     "a",
+    "A",
     ":b",
     "a:",
     "b",
@@ -262,6 +263,25 @@ async def test_settlements_apply_once_even_when_retried(
     await settled(store, after, 1000)
 
 
+async def test_settlements_survive_a_flushed_script_cache(
+    redis_stores: StoreFactory, shared_redis: RedisServer
+) -> None:
+    """A Redis restarted without its scripts (or SCRIPT FLUSH): the settle script
+    is loaded again and the batch applied, with no error counted."""
+    store = await redis_stores()
+    limits = TenantLimits(max_concurrent_requests=1)
+    hold = await store.reserve("acme", limits, 10)
+    with shared_redis.client() as client:
+        client.script_flush()
+    store.settle(hold, 1)
+    assert await store.flush(5)
+    assert store.healthy
+    again = await store.reserve("acme", limits, 10)  # the one slot came back
+    await settled(store, again, 1)
+    with shared_redis.client() as client:
+        assert client.zcard(tenant_keys("mrgw:", "acme").slots) == 0
+
+
 async def test_password_from_the_environment_and_never_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -284,3 +304,77 @@ async def test_password_from_the_environment_and_never_logged(
         await bad.aclose(2)
     assert "limits store unavailable" in caplog.text
     assert secret not in caplog.text
+
+
+async def test_a_void_that_overtakes_its_lost_reservation_leaves_nothing_taken(
+    redis_stores: StoreFactory, shared_redis: RedisServer
+) -> None:
+    """The void of a lost reserve travels on another connection and may reach the
+    server first (e.g. both queued behind a pause): the reservation then takes nothing."""
+    from gateway.ratelimit.redis_store import _Settlement
+
+    store = await redis_stores(lease_s=30)
+    keys = tenant_keys("mrgw:", "acme")
+    await store._apply([_Settlement(keys, "lost-1", 0, 0, -1, 0, void=True)])
+    with shared_redis.client() as client:
+        assert client.zcard(keys.void) == 1
+        assert 60_000 < client.pttl(keys.void) <= 90_000  # a TTL, like every key
+    # the lost reservation arrives now: rpm 5, tpm 1000 (100), 1 slot, registered
+    args = (5, 1000, 100, 0, 0, 1, "lost-1", 30_000, 1)
+    raw = await store._reserve(
+        keys=[keys.requests, keys.tokens, keys.day, keys.slots, keys.holds, keys.void], args=args
+    )
+    assert int(raw[0]) == 16  # voided: nothing taken
+    with shared_redis.client() as client:
+        assert client.zcard(keys.slots) == client.zcard(keys.holds) == 0
+        assert not client.exists(keys.requests, keys.tokens, keys.void)
+    # the tenant's whole budget and its one slot are there
+    hold = await store.reserve("acme", TenantLimits(5, 1000, None, 1), 100)
+    assert hold.headers()["x-ratelimit-remaining-requests"] == "4"
+    assert hold.headers()["x-ratelimit-remaining-tokens"] == "900"
+    await settled(store, hold, 100)
+
+
+async def test_a_void_after_its_reservation_frees_the_slot_and_keeps_the_tokens(
+    redis_stores: StoreFactory, shared_redis: RedisServer
+) -> None:
+    from gateway.ratelimit.redis_store import _Settlement
+
+    store = await redis_stores(lease_s=30)
+    keys = tenant_keys("mrgw:", "acme")
+    hold = await store.reserve("acme", TenantLimits(5, 1000, None, 1), 100)
+    assert hold.slot is not None
+    await store._apply([_Settlement(keys, hold.slot, 0, 0, -1, 0, void=True)])
+    with shared_redis.client() as client:
+        assert client.zcard(keys.slots) == client.zcard(keys.holds) == 0
+        assert not client.exists(keys.void)  # it found its reservation: no tombstone
+    again = await store.reserve("acme", TenantLimits(5, 1000, None, 1), 100)  # the slot is free
+    assert int(again.headers()["x-ratelimit-remaining-tokens"]) < 900  # 100 stayed charged
+    await settled(store, again, 100)
+
+
+async def test_a_cancelled_call_is_never_swallowed(redis_stores: StoreFactory) -> None:
+    """A cancel landing anywhere in a store call propagates (redis-py's socket
+    timeout used asyncio.wait_for, which on 3.11 could swallow it), so a
+    cancelled request stops and a closing flusher stops."""
+    store = await redis_stores()
+    limits = TenantLimits(10**6, 10**9, None, 10**3)
+    for steps in range(16):
+        task = asyncio.create_task(store.reserve("acme", limits, 1))
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        if task.done():
+            store.settle(task.result(), 1)
+            continue
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    # the flusher, closed while it applies a batch: every interruption point
+    for steps in range(16):
+        closing = await redis_stores()
+        hold = await closing.reserve("acme", limits, 1)
+        closing.settle(hold, 1)
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        async with asyncio.timeout(10):
+            assert await closing.aclose(0) in (0, 1)

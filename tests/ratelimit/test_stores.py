@@ -182,3 +182,16 @@ async def test_day_refusal_says_midnight(store: LimitsStore) -> None:
     assert error.code == "budget_exhausted"
     assert abs(int(error.headers["Retry-After"]) - seconds_until_midnight(time.time())) <= 2
     assert store.healthy
+
+
+async def test_tenant_names_never_share_limits(store: LimitsStore) -> None:
+    """Names the policy refuses (spec §15 asks that none could collide anyway)."""
+    from tests.ratelimit.test_redis import TRICKY_TENANTS
+
+    limits = TenantLimits(1, 1000, 5000, 1)
+    for tenant in TRICKY_TENANTS:
+        await store.reserve(tenant, limits, 10)  # every tenant's first request fits
+    for tenant in TRICKY_TENANTS:
+        with pytest.raises(GatewayError) as info:
+            await store.reserve(tenant, limits, 10)  # and only its first
+        assert info.value.code == "rate_limited"

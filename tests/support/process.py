@@ -2,7 +2,8 @@
 
 ``serve`` starts ``python -m gateway.cli serve --port 0``, reads the port from
 the one stdout line, and kills the process (by its PID) in a ``finally`` if it
-is still running.
+is still running. ``serving`` does the same for several configs at once
+(replicas): all are started before any is waited for.
 """
 
 from __future__ import annotations
@@ -47,6 +48,12 @@ class Served:
     def signal(self, signum: signal.Signals) -> None:
         os.kill(self.proc.pid, signum)
 
+    def terminate(self, timeout_s: float = 15) -> int:
+        """SIGTERM (a drain) and wait for the exit; the exit code."""
+        if self.proc.poll() is None:
+            self.signal(signal.SIGTERM)
+        return self.proc.wait(timeout_s)
+
     def stderr_text(self) -> str:
         return self.stderr.read_text(errors="replace")
 
@@ -74,23 +81,51 @@ def sim_running(**options: Any) -> Iterator[Simulator]:
         sim.stop()
 
 
-@contextmanager
-def serve(config: Path, tmp: Path, env: dict[str, str] | None = None) -> Iterator[Served]:
-    """Start ``serve`` on an OS-chosen port; return once it printed its address.
-    ``env`` adds to the test's environment."""
+def _spawn(
+    config: Path, tmp: Path, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], Path, Path]:
     stdout, stderr = tmp / "serve.stdout", tmp / "serve.stderr"
     env = {**os.environ, DEMO_SECRET_ENV: HS_SECRET, **(env or {})}
     env.pop("GATEWAY_LOG_LEVEL", None)
     argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", "0"]
     with stdout.open("wb") as out, stderr.open("wb") as err:
         proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=err)
+    return proc, stdout, stderr
+
+
+def _reap(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()  # by its PID
+    for proc in procs:
+        proc.wait(10)
+
+
+@contextmanager
+def serve(config: Path, tmp: Path, env: dict[str, str] | None = None) -> Iterator[Served]:
+    """Start ``serve`` on an OS-chosen port; return once it printed its address.
+    ``env`` adds to the test's environment."""
+    proc, stdout, stderr = _spawn(config, tmp, env)
     try:
         url = _wait_listening(proc, stdout, stderr)
         yield Served(proc, url, config, stdout, stderr)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
+        _reap([proc])
+
+
+@contextmanager
+def serving(configs: list[Path]) -> Iterator[list[Served]]:
+    """One ``serve`` per config (output next to each config), started together."""
+    spawned: list[tuple[subprocess.Popen[bytes], Path, Path]] = []
+    try:
+        for config in configs:
+            spawned.append(_spawn(config, config.parent))
+        yield [
+            Served(proc, _wait_listening(proc, out, err), config, out, err)
+            for config, (proc, out, err) in zip(configs, spawned, strict=True)
+        ]
+    finally:
+        _reap([proc for proc, _, _ in spawned])
 
 
 def _wait_listening(proc: subprocess.Popen[bytes], stdout: Path, stderr: Path) -> str:
