@@ -14,6 +14,7 @@ the id of the session leader this helper started) when the time is up.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -86,8 +87,6 @@ def run(block: Block, timeout_s: float = 90) -> subprocess.CompletedProcess[str]
         return subprocess.CompletedProcess(proc.args, -9, out, err)
     finally:
         # A block that exits early leaves nothing behind either.
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
