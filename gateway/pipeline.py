@@ -236,6 +236,8 @@ class InferenceEndpoint:
                     limits.max_concurrent_requests,
                 ),
                 (plan.max_tokens or 0) + estimate_prompt_tokens(plan.prompt_bytes),
+                # The slot must outlast the admission wait as well as the worker call.
+                wait_s=tenant.policy.admission.queue_timeout_s,
             )
         rate_headers = call.reservation.headers()
         admission = tenant.policy.admission
