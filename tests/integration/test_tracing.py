@@ -213,3 +213,52 @@ def test_the_collector_being_down_costs_no_request(tmp_path: Path) -> None:
             served.signal(signal.SIGTERM)
             assert served.proc.wait(15) == 0
         assert "Traceback" not in served.stderr_text()
+
+
+def test_a_collector_that_never_answers_does_not_hold_the_shutdown(tmp_path: Path) -> None:
+    """It accepts connections and reads, never replies; the exporter's own
+    timeout (10 s by default) is left as it is. The drain and the bounded
+    tracing close end the process well inside a termination grace."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            held.append(conn)  # never answered
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    endpoint = f"http://127.0.0.1:{listener.getsockname()[1]}/v1/traces"
+    try:
+        with sim_running() as sim:
+            env = _env(endpoint)
+            with serve(_config(tmp_path, sim.port), tmp_path, env) as served:
+                token = served.dev_token()
+                with httpx.Client(base_url=served.url, timeout=10) as client:
+                    wait_ready(client)
+                    for _ in range(20):
+                        response = client.post(
+                            "/v1/chat/completions",
+                            json=chat_body("hi"),
+                            headers={"authorization": f"Bearer {token}"},
+                        )
+                        assert response.status_code == 200
+                wait_until(lambda: bool(held), 5, "the exporter connected to the collector")
+                served.signal(signal.SIGTERM)
+                # The bound, not a timing figure: drain (nothing in flight) plus
+                # tracing close (2 s) plus the rest of the shutdown.
+                assert served.proc.wait(8) == 0
+    finally:
+        stop.set()
+        thread.join(5)
+        for conn in held:
+            conn.close()
+        listener.close()
