@@ -8,15 +8,18 @@ code that starts with one of our programs. Each one is then:
   ``mistralrs-gateway`` verbs, ``python -m`` modules, ``make`` targets): every
   verb, flag and value the doc shows must be accepted;
 - **run**, when it is quick and its inputs exist in the repository (schema,
-  launch-plan on deploy/, bundle-digest, check on the example config, the
-  docs generator, kustomize when kubectl is on the machine): it must exit 0;
+  launch-plan on deploy/, bundle-digest, the docs generator, kustomize when
+  kubectl is on the machine): it must exit 0; a file of the repository a
+  command names must exist;
 - or, for programs that are not ours (``curl``, ``docker``, ``jq`` …), named in
   :data:`EXTERNAL` with why it is not run here; a command of an unknown
   program fails the test until it is classified.
 
 Placeholders in docs (``<dir>``, ``[--host H]``, ``tiny|small``, ``…``) are
-read as the doc means them: an optional group is left out, alternatives take
-the first, a named placeholder takes the value :data:`PLACEHOLDERS` gives.
+read as the doc means them: an optional group is checked left out and given,
+each alternative is checked, a named placeholder takes the value
+:data:`PLACEHOLDERS` or :data:`WORDS` gives; every command of a ``&&`` chain
+is checked.
 """
 
 from __future__ import annotations
@@ -106,15 +109,45 @@ def _inline(markdown: str) -> list[str]:
     return [s.replace("\\|", "|") for s in spans if s.startswith(_OURS)]
 
 
-def _normalize(text: str, bundle: Path) -> str:
+def _variants(text: str, bundle: Path) -> list[str]:
+    """The command without its optional groups and with them (``[--host H]``
+    left out, then given), ellipses as a value, named placeholders filled in."""
     for name, value in PLACEHOLDERS.items():
         text = text.replace(name, value.format(bundle=bundle))
-    while True:  # optional groups, innermost first
-        shorter = re.sub(r"\s*\[[^\[\]]*\]", "", text)
-        if shorter == text:
+    bare = full = text
+    while True:  # innermost groups first
+        shorter = re.sub(r"\s*\[[^\[\]]*\]", "", bare)
+        unwrapped = re.sub(r"\[([^\[\]]*)\]", r"\1", full)
+        if shorter == bare and unwrapped == full:
             break
-        text = shorter
-    return text.replace("…", "1")
+        bare, full = shorter, unwrapped
+    return list(dict.fromkeys(v.replace("…", "1") for v in (bare, full)))
+
+
+def _segments(tokens: list[str]) -> list[list[str]]:
+    """The commands of a line: each side of ``&&`` and ``;``, the first of a
+    pipeline, nothing after a redirection."""
+    segments: list[list[str]] = [[]]
+    skipping = False
+    for token in tokens:
+        if token in {"&&", ";"}:
+            segments.append([])
+            skipping = False
+        elif token in {"|", ">", ">>"}:
+            skipping = True
+        elif not skipping:
+            segments[-1].append(token)
+    return [s for s in segments if s]
+
+
+def _alternatives(tokens: list[str]) -> list[list[str]]:
+    """``tiny|small``: one argv per alternative (the others at their first)."""
+    first = [t.split("|", 1)[0] for t in tokens]
+    out = [first]
+    for i, token in enumerate(tokens):
+        for choice in token.split("|")[1:] if "|" in token else []:
+            out.append([*first[:i], choice, *first[i + 1 :]])
+    return out
 
 
 def _commands(bundle: Path) -> list[Command]:
@@ -123,30 +156,27 @@ def _commands(bundle: Path) -> list[Command]:
         markdown = path.read_text()
         doc = path.relative_to(REPO).as_posix()
         for text in [*_shell_lines(markdown), *_inline(markdown)]:
-            tokens = shlex.split(_normalize(text, bundle), comments=True)
-            # the first command of a pipeline or redirection; VAR=value prefixes as env
-            for i, token in enumerate(tokens):
-                if token in {"|", ">", ">>", "&&", ";"}:
-                    tokens = tokens[:i]
-                    break
-            env = []
-            while tokens and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", tokens[0]):
-                name, _, value = tokens.pop(0).partition("=")
-                env.append((name, value))
-            if not tokens:
-                continue
-            # alternatives (tiny|small) take the first; placeholder words their value
-            argv = tuple(
-                WORDS.get(t, t).format(bundle=bundle) if t in WORDS else t.split("|", 1)[0]
-                for t in tokens
-            )
-            if len(argv) == 2 and argv[0] == "mistralrs-gateway":
-                argv = (*argv, "--help")  # a verb named in prose: it must exist
-            found.append(Command(doc, text, argv, tuple(env)))
-            if argv[:2] == ("kubectl", "exec") and "--" in argv:
-                inner = argv[argv.index("--") + 1 :]
-                if inner[:1] == ("mistralrs-gateway",):
-                    found.append(Command(doc, text, inner))
+            for variant in _variants(text, bundle):
+                for segment in _segments(shlex.split(variant, comments=True)):
+                    found += _argvs(doc, text, segment, bundle)
+    return list(dict.fromkeys(found))
+
+
+def _argvs(doc: str, text: str, tokens: list[str], bundle: Path) -> list[Command]:
+    env = []
+    while tokens and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", tokens[0]):
+        name, _, value = tokens.pop(0).partition("=")
+        env.append((name, value))
+    found = []
+    for choice in _alternatives(tokens) if tokens else []:
+        argv = tuple(WORDS[t].format(bundle=bundle) if t in WORDS else t for t in choice)
+        if len(argv) == 2 and argv[0] == "mistralrs-gateway":
+            argv = (*argv, "--help")  # a verb named in prose: it must exist
+        found.append(Command(doc, text, argv, tuple(env)))
+        if argv[:2] == ("kubectl", "exec") and "--" in argv:
+            inner = argv[argv.index("--") + 1 :]
+            if inner[:1] == ("mistralrs-gateway",):
+                found.append(Command(doc, text, inner))
     return found
 
 
@@ -205,9 +235,6 @@ print(json.dumps(results))
 def _parse_target(command: Command) -> tuple[str, list[str]] | None:
     argv = list(command.argv)
     if argv[0] == "mistralrs-gateway":
-        if argv[1:2] == ["simulator"]:
-            # the verb hands the rest to the simulator's own parser
-            return "gateway.testing.simulator", argv[2:]
         return "mistralrs-gateway", argv[1:]
     if _program(command) == "python -m":
         module = argv[2]
@@ -219,6 +246,12 @@ def _parse_target(command: Command) -> tuple[str, list[str]] | None:
 
 def test_every_command_parses_with_the_real_parser(commands: list[Command]) -> None:
     targets = [(c, t) for c in commands if (t := _parse_target(c)) is not None]
+    # the simulator verb hands the rest of its argv to the simulator's own parser
+    targets += [
+        (c, ("gateway.testing.simulator", list(c.argv[2:])))
+        for c in commands
+        if c.argv[:2] == ("mistralrs-gateway", "simulator")
+    ]
     assert targets
     for command, (module, _) in targets:
         if module != "mistralrs-gateway":
@@ -237,6 +270,23 @@ def test_every_command_parses_with_the_real_parser(commands: list[Command]) -> N
     results = json.loads(done.stdout.decode().splitlines()[-1])
     failed = [str(c) for (c, _), code in zip(targets, results, strict=True) if code != 0]
     assert failed == [], done.stderr.decode(errors="replace")[-3000:]
+
+
+_REPO_DIRS = ("deploy/", "fixtures/", "docs/", "policies/", "bench/", "tests/", "gateway/")
+
+
+def test_files_of_the_repository_that_commands_name_exist(commands: list[Command]) -> None:
+    named = {
+        (str(c), arg.split("=", 1)[-1])
+        for c in commands
+        if _program(c)
+        in {"mistralrs-gateway", "python -m", "make"}  # kubectl's deploy/x is a resource
+        for arg in c.argv[1:]
+        if arg.split("=", 1)[-1].startswith(_REPO_DIRS)
+    }
+    assert named, "no command names a file of the repository: is the check broken?"
+    missing = sorted(f"{where}: {name}" for where, name in named if not (REPO / name).exists())
+    assert missing == []
 
 
 def test_make_targets_exist(commands: list[Command]) -> None:
