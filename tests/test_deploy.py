@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path, PurePosixPath
@@ -140,6 +141,9 @@ def test_every_yaml_in_deploy_parses() -> None:
         "policies/acme.yaml",
         "policies/globex.yaml",
         "redis.yaml",
+        "observability/kustomization.yaml",
+        "observability/pod-monitor.yaml",
+        "observability/prometheus-rule.yaml",
     }
     for path in files:
         parsed = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
@@ -544,6 +548,34 @@ def test_policies_config_map_is_generated_from_the_directory(loaded: Loaded) -> 
     assert listed == on_disk
     # Every ConfigMap key is a tenant the gateway loads, and every tenant has its key.
     assert {PurePosixPath(f).stem for f in listed} == set(loaded.policies.tenants)
+
+
+def kustomize_build(folder: Path) -> list[Doc]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl (with its built-in kustomize) is not installed")
+    done = subprocess.run(
+        [kubectl, "kustomize", str(folder)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+def test_kustomize_builds_the_policies_config_map_from_every_file(loaded: Loaded) -> None:
+    """Where kubectl is at hand: what kustomize really makes of the generator config."""
+    built = kustomize_build(DEPLOY)
+    by_name = {(d["kind"], d["metadata"]["name"]): d for d in built}
+    policies = by_name[("ConfigMap", "mistralrs-gateway-policies")]
+    expected = {p.name: p.read_text(encoding="utf-8") for p in policy_files(DEPLOY / "policies")}
+    assert policies["data"] == expected
+    assert {PurePosixPath(k).stem for k in policies["data"]} == set(loaded.policies.tenants)
+    kinds = sorted(kind for kind, _ in by_name)
+    assert kinds.count("Deployment") == 2 and "PodDisruptionBudget" in kinds
+    observability = kustomize_build(DEPLOY / "observability")
+    assert {d["kind"] for d in observability} == {"ConfigMap", "PodMonitor", "PrometheusRule"}
+    (dashboard,) = [d for d in observability if d["kind"] == "ConfigMap"]
+    source = (DEPLOY / "observability" / "grafana-dashboard.json").read_text(encoding="utf-8")
+    assert json.loads(dashboard["data"]["grafana-dashboard.json"]) == json.loads(source)
 
 
 # --- Service and NetworkPolicy -----------------------------------------------------------
