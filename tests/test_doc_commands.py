@@ -52,6 +52,9 @@ EXTERNAL = {
     "export": "sets the shell's environment for the commands after it",
     "pip": "installs a package",
     "cd": "changes directory",
+    "pytest": "the test files named exist (below); make test runs them",
+    "for": "a shell loop over a cluster's pods (kubectl)",
+    "done": "ends that loop",
 }
 PLACEHOLDERS = {"<dir>": "bundle", "<worker-image>": "worker-image"}
 #: whole-word placeholders of the README's command table
