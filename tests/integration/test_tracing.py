@@ -21,7 +21,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from gateway.testing.harness import write_config
 from gateway.tracing import NS
-from tests.support.process import serve, sim_running, wait_ready, wait_until
+from tests.support.process import Served, serve, sim_running, wait_ready, wait_until
 from tests.support.stack import chat_body, issuers, policies, worker_posts
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
@@ -106,23 +106,31 @@ def _config(tmp: Path, port: int) -> Path:
     )
 
 
+def _chat(served: Served, count: int = 1, **extra: Any) -> list[httpx.Response]:
+    """Once the replica is ready, ``count`` chat requests of ``extra`` (body
+    fields, and ``headers``), each answered 200."""
+    headers = {"authorization": f"Bearer {served.dev_token()}", **extra.pop("headers", {})}
+    with httpx.Client(base_url=served.url, timeout=10) as client:
+        wait_ready(client)
+        responses = [
+            client.post("/v1/chat/completions", json=chat_body(**extra), headers=headers)
+            for _ in range(count)
+        ]
+    assert [r.status_code for r in responses] == [200] * count
+    return responses
+
+
 def test_serve_exports_the_callers_trace_over_otlp(tmp_path: Path) -> None:
     with otlp_receiver() as (endpoint, received), sim_running() as sim:
         env = _env(endpoint, OTEL_RESOURCE_ATTRIBUTES="deployment.environment.name=test")
         env.pop("OTEL_SERVICE_NAME", None)
         with serve(_config(tmp_path, sim.port), tmp_path, env) as served:
-            token = served.dev_token()
-            with httpx.Client(base_url=served.url, timeout=10) as client:
-                wait_ready(client)
-                response = client.post(
-                    "/v1/chat/completions",
-                    json=chat_body("hi [[sim chunks=4]]", stream=True),
-                    headers={
-                        "authorization": f"Bearer {token}",
-                        "traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01",
-                    },
-                )
-            assert response.status_code == 200
+            [response] = _chat(
+                served,
+                text="hi [[sim chunks=4]]",
+                stream=True,
+                headers={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"},
+            )
             request_id = response.headers["x-request-id"]
             wait_until(
                 lambda: any(
@@ -157,15 +165,7 @@ def test_sigterm_exports_the_spans_still_batched(tmp_path: Path) -> None:
     with otlp_receiver() as (endpoint, received), sim_running() as sim:
         env = _env(endpoint, OTEL_BSP_SCHEDULE_DELAY="600000", OTEL_SERVICE_NAME="gw-test")
         with serve(_config(tmp_path, sim.port), tmp_path, env) as served:
-            token = served.dev_token()
-            with httpx.Client(base_url=served.url, timeout=10) as client:
-                wait_ready(client)
-                response = client.post(
-                    "/v1/chat/completions",
-                    json=chat_body("hi"),
-                    headers={"authorization": f"Bearer {token}"},
-                )
-            assert response.status_code == 200
+            [response] = _chat(served)
             assert not received.named("chat gemma-4-mm")
             served.signal(signal.SIGTERM)
             assert served.proc.wait(15) == 0
@@ -198,18 +198,7 @@ def test_the_collector_being_down_costs_no_request(tmp_path: Path) -> None:
     with sim_running() as sim:
         env = _env(endpoint, OTEL_EXPORTER_OTLP_TIMEOUT="1")
         with serve(_config(tmp_path, sim.port), tmp_path, env) as served:
-            token = served.dev_token()
-            with httpx.Client(base_url=served.url, timeout=10) as client:
-                wait_ready(client)
-                statuses = [
-                    client.post(
-                        "/v1/chat/completions",
-                        json=chat_body("hi"),
-                        headers={"authorization": f"Bearer {token}"},
-                    ).status_code
-                    for _ in range(5)
-                ]
-            assert statuses == [200] * 5
+            _chat(served, 5)
             served.signal(signal.SIGTERM)
             assert served.proc.wait(15) == 0
         assert "Traceback" not in served.stderr_text()
@@ -241,16 +230,7 @@ def test_a_collector_that_never_answers_does_not_hold_the_shutdown(tmp_path: Pat
         with sim_running() as sim:
             env = _env(endpoint)
             with serve(_config(tmp_path, sim.port), tmp_path, env) as served:
-                token = served.dev_token()
-                with httpx.Client(base_url=served.url, timeout=10) as client:
-                    wait_ready(client)
-                    for _ in range(20):
-                        response = client.post(
-                            "/v1/chat/completions",
-                            json=chat_body("hi"),
-                            headers={"authorization": f"Bearer {token}"},
-                        )
-                        assert response.status_code == 200
+                _chat(served, 20)
                 wait_until(lambda: bool(held), 5, "the exporter connected to the collector")
                 served.signal(signal.SIGTERM)
                 # The bound, not a timing figure: drain (nothing in flight) plus
