@@ -10,9 +10,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _test_sources() -> dict[str, str]:
     sources: dict[str, str] = {}
-    for path in (REPO / "tests").rglob("test_*.py"):
-        relative = path.relative_to(REPO / "tests").with_suffix("").as_posix()
-        sources[relative] = sources[path.stem] = path.read_text()
+    paths = sorted((REPO / "tests").rglob("test_*.py"))
+    for path in paths:
+        sources[path.stem] = path.read_text()
+    # A path relative to tests/ wins over another file's bare stem
+    # (test_tracing is tests/test_tracing.py, not integration/test_tracing.py).
+    for path in paths:
+        sources[path.relative_to(REPO / "tests").with_suffix("").as_posix()] = path.read_text()
     return sources
 
 
