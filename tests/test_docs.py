@@ -9,14 +9,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _test_sources() -> dict[str, str]:
+    """Test file name (relative to tests/, or a bare stem) -> the sources of
+    every file it may name (a stem may name several: test_admission)."""
     sources: dict[str, str] = {}
-    paths = sorted((REPO / "tests").rglob("test_*.py"))
-    for path in paths:
-        sources[path.stem] = path.read_text()
-    # A path relative to tests/ wins over another file's bare stem
-    # (test_tracing is tests/test_tracing.py, not integration/test_tracing.py).
-    for path in paths:
-        sources[path.relative_to(REPO / "tests").with_suffix("").as_posix()] = path.read_text()
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        text = path.read_text()
+        relative = path.relative_to(REPO / "tests").with_suffix("").as_posix()
+        sources[relative] = sources.get(relative, "") + text
+        if relative != path.stem:
+            sources[path.stem] = sources.get(path.stem, "") + text
     return sources
 
 
