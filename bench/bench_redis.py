@@ -38,6 +38,7 @@ from typing import Any
 import httpx
 import orjson
 
+from bench.bench_limits import reserve_timings
 from bench.loadgen import LoadResult, close_connections, http_post, open_connections, run_load
 from bench.procs import Child
 from gateway.auth import mint_dev_token
@@ -205,15 +206,7 @@ async def _store_latency(url: str, n: int) -> dict[str, dict[str, float]]:
         "redis": RedisLimitsStore.from_url(url, timeout_s=1.0, key_prefix="bench-store:"),
     }
     for name, store in stores.items():
-        await store.start()
-        timings: list[float] = []
-        for i in range(n + n // 10):
-            started = time.perf_counter()
-            hold = await store.reserve("bench", STORE_LIMITS, 600)
-            elapsed = time.perf_counter() - started
-            store.settle(hold, 350)
-            if i >= n // 10:  # the first tenth warms up
-                timings.append(elapsed * 1e6)
+        timings = await reserve_timings(store, n, STORE_LIMITS)
         await store.aclose(5)
         out[name] = {
             "p50_us": round(statistics.median(timings), 1),

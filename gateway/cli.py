@@ -189,6 +189,43 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_policies_generator(args: argparse.Namespace) -> int:
+    from gateway.kustomize import GeneratorError, policies_generator
+
+    target = args.check or args.output
+    policies = Path(args.policies_dir)
+    root = Path(args.root) if args.root else (Path(target).parent if target else policies.parent)
+    try:
+        text = policies_generator(policies, root, args.name)
+    except GeneratorError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.check:
+        try:
+            committed = Path(args.check).read_text(encoding="utf-8")
+        except OSError as exc:
+            print(f"error: cannot read {args.check} ({type(exc).__name__})", file=sys.stderr)
+            return 1
+        if committed != text:
+            print(
+                f"error: {args.check} does not match {policies}: regenerate it with "
+                f"`mistralrs-gateway policies-generator {policies} --output {args.check}`",
+                file=sys.stderr,
+            )
+            return 1
+        print(f"{args.check}: matches {policies}")
+        return 0
+    if args.output:
+        # Written whole, then renamed: a failed run never leaves half a file.
+        out = Path(args.output)
+        partial = out.with_name(f".{out.name}.partial")
+        partial.write_text(text, encoding="utf-8")
+        partial.replace(out)
+        return 0
+    sys.stdout.write(text)
+    return 0
+
+
 def cmd_simulator(args: argparse.Namespace) -> int:
     from gateway.testing.simulator import main as simulator_main
 
@@ -234,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     add.set_defaults(func=cmd_evidence_add)
 
     from gateway.bundle import DEFINITION
+    from gateway.kustomize import POLICIES_CONFIG_MAP
 
     p = verbs.add_parser(
         "bundle-digest",
@@ -253,6 +291,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("which", choices=("config", "policy"))
     p.set_defaults(func=cmd_schema)
+
+    p = verbs.add_parser(
+        "policies-generator",
+        help="write the kustomize generator of the policies ConfigMap from a policies directory",
+        description="kustomize's configMapGenerator takes no directory: this lists every policy "
+        "file of POLICIES_DIR (as the gateway loads them) in a builtin ConfigMapGenerator config "
+        "that kustomization.yaml names under `generators:`.",
+    )
+    p.add_argument("policies_dir", help="the policies directory, e.g. deploy/policies")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--output", help="write the generator config here (default: stdout)")
+    where.add_argument(
+        "--check", help="exit 1 unless this file is what would be written (CI, pre-commit)"
+    )
+    p.add_argument(
+        "--root",
+        help="the kustomization's folder the paths are relative to (default: the folder of "
+        "--output/--check, else the parent of POLICIES_DIR)",
+    )
+    p.add_argument("--name", default=POLICIES_CONFIG_MAP, help="the ConfigMap's name")
+    p.set_defaults(func=cmd_policies_generator)
 
     p = verbs.add_parser("demo", help="simulator + gateway + one multimodal request")
     p.add_argument(

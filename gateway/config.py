@@ -235,6 +235,8 @@ class LaunchConfig(Model):
         if self.models is not None:
             if any(v is not None for v in single) or self.quantized_file is not None:
                 raise ValueError("give either the model_* fields or models, not both")
+            if self.format != "plain":
+                raise ValueError("with models, give each model its format")
             if not self.models:
                 raise ValueError("models must name at least one model")
             dirs = [m.model_dir for m in self.models]
@@ -246,6 +248,8 @@ class LaunchConfig(Model):
                 "a one-model launch needs model_public_id, model_revision, "
                 "model_bundle_sha256 and model_dir"
             )
+        if self.config_path is not None:
+            raise ValueError("config_path is for a multi-model launch (models) only")
         assert self.model_dir is not None and self.model_bundle_sha256 is not None
         _digest_addressed(self.model_dir, self.model_bundle_sha256)
         _quantized_file(self.format, self.quantized_file)
@@ -265,7 +269,8 @@ class LaunchConfig(Model):
 
 
 class ProbeConfig(Model):
-    """Semantic readiness (spec §16): a one-token request through the full validator."""
+    """Semantic readiness (spec §16): a tiny request (``max_tokens`` tokens, or one
+    embedding) through the full validator."""
 
     kind: Literal["chat", "embeddings"] = Field(
         "chat",
@@ -321,11 +326,14 @@ class UpstreamConfig(Model):
             "the models listing alone."
         ),
     )
-    connect_timeout_s: PositiveFloat = Field(2, description="Connecting to the worker.")
+    connect_timeout_s: PositiveFloat = Field(
+        2, description="Connecting to the worker; five times it bounds each write of a body."
+    )
     first_event_timeout_s: PositiveFloat = Field(
         120,
         description=(
-            "From sending the request to the worker's first event (or whole JSON answer)."
+            "From starting the worker call (connecting and sending the body count) to its "
+            "first event, a keep-alive included (or to the whole JSON answer)."
         ),
     )
     idle_timeout_s: PositiveFloat = Field(
@@ -336,14 +344,22 @@ class UpstreamConfig(Model):
     )
     readiness_poll_s: PositiveFloat = Field(2, description="Interval of the readiness poll.")
     readiness_timeout_s: PositiveFloat = Field(
-        2, description="Budget of one readiness poll of the models listing."
+        2,
+        description=(
+            "Budget of one readiness poll of the models listing (and of the first poll at "
+            "start); five times it bounds GET/DELETE /v1/responses/{id} at the worker."
+        ),
     )
     max_request_bytes: PositiveInt = Field(
         52_428_800,
         description="Largest body the worker accepts (the worker's own 50 MB limit).",
     )
     max_line_bytes: PositiveInt = Field(
-        1_048_576, description="Longest SSE line (and event) accepted from the worker."
+        1_048_576,
+        description=(
+            "Longest SSE line (and event) accepted from the worker; also the largest JSON "
+            "answer of GET/DELETE /v1/responses/{id}."
+        ),
     )
     max_stream_bytes: PositiveInt = Field(
         67_108_864, description="Most bytes accepted in one worker answer."
@@ -694,11 +710,11 @@ class MetricsConfig(Model):
 class ResponsesConfig(Model):
     """Responses API bookkeeping (spec section 14)."""
 
-    ttl_s: PositiveInt = Field(
+    ttl_s: Annotated[int, Field(ge=1, le=31_536_000)] = Field(
         86_400,
         description=(
             "How long a relayed Responses id stays the tenant's (previous_response_id, GET, "
-            "DELETE)."
+            "DELETE); at most a year."
         ),
     )
 
@@ -735,7 +751,10 @@ class LimitsStoreConfig(Model):
     )
     timeout_ms: Annotated[int, Field(ge=1, le=60_000)] = Field(
         50,
-        description="Bound of each store call (connect, socket and the whole script call).",
+        description=(
+            "Bound of each store call (connecting, and the whole script call); a batch of "
+            "settlements gets one more per 64 scripts."
+        ),
     )
     on_error: Literal["closed", "open"] = Field(
         "closed",
@@ -770,7 +789,10 @@ class GatewayConfig(Model):
     listen: ListenConfig = Field(ListenConfig(), description="The callers' listener.")
     upstream: UpstreamConfig | None = Field(
         None,
-        description="One worker (the shorthand, named `default`, one `route`); or `upstreams`.",
+        description=(
+            "One worker (the shorthand: one `route`, named `default` unless `name` says "
+            "otherwise); or `upstreams`."
+        ),
     )
     upstreams: list[UpstreamConfig] | None = Field(
         None,

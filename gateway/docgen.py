@@ -129,36 +129,30 @@ def _sections(root: str, schema: Schema, defs: Schema) -> list[_Section]:
     """Every model reachable from the root, with every path it sits at, in first-seen order."""
     sections = {root: _Section(root, [""])}
     order = [sections[root]]
-    index = 0
-    while index < len(order):
-        section = order[index]
-        index += 1
+
+    def children(section: _Section) -> list[tuple[str, str, str]]:
+        """(child model, field name, path suffix) of each nested model field."""
         model = defs.get(section.model, schema) if section.model != root else schema
+        found = []
         for name, prop in model.get("properties", {}).items():
             nested = _nested(prop)
-            if nested is None:
-                continue
-            child, suffix = nested
-            target = sections.get(child)
-            if target is None:
-                target = sections[child] = _Section(child)
-                order.append(target)
-            for path in section.paths:
-                key = f"{path}.{name}" if path else name
-                if key + suffix not in target.paths:
-                    target.paths.append(key + suffix)
-    # A model met again deeper down may have gained paths after its children were
-    # walked; walk once more so every child has every path (bounded: paths only grow
-    # along the finite model graph, and each pass adds none once complete).
-    for _ in range(len(order)):
+            if nested is not None:
+                found.append((nested[0], name, nested[1]))
+        return found
+
+    index = 0
+    while index < len(order):  # the models, breadth first
+        for child, _, _ in children(order[index]):
+            if child not in sections:
+                sections[child] = _Section(child)
+                order.append(sections[child])
+        index += 1
+    # Then the paths, to a fixpoint: a model met again deeper down gains paths
+    # its children must get too (bounded: paths only grow along the finite graph).
+    for _ in range(len(order) + 1):
         grew = False
         for section in order:
-            model = defs.get(section.model, schema) if section.model != root else schema
-            for name, prop in model.get("properties", {}).items():
-                nested = _nested(prop)
-                if nested is None:
-                    continue
-                child, suffix = nested
+            for child, name, suffix in children(section):
                 for path in section.paths:
                     key = (f"{path}.{name}" if path else name) + suffix
                     if key not in sections[child].paths:

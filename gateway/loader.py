@@ -117,13 +117,22 @@ def load_config(path: Path) -> GatewayConfig:
     return parse_config(read_yaml(path), str(path), path.resolve().parent)
 
 
+#: What counts as a tenant policy in policies_dir (the deploy generator lists the same).
+POLICY_SUFFIXES = (".yaml", ".yml")
+
+
+def policy_files(directory: Path) -> list[Path]:
+    """The policy files of a directory, in the order they are loaded."""
+    return sorted(p for p in directory.iterdir() if p.suffix in POLICY_SUFFIXES)
+
+
 def load_policies(config: GatewayConfig) -> PolicySet:
     directory = config.policies_dir
     if not directory.is_dir():
         raise ConfigError([f"{directory}: policies_dir is not a directory"])
     errors: list[str] = []
     policies: list[TenantPolicy] = []
-    files = sorted(p for p in directory.iterdir() if p.suffix in (".yaml", ".yml"))
+    files = policy_files(directory)
     for file in files:
         try:
             policy = validate_model(TenantPolicy, read_yaml(file), str(file), directory)

@@ -15,10 +15,12 @@ and never cross the gateway (``OTEL_PROPAGATORS`` is therefore not read).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 from opentelemetry import trace
 from opentelemetry.context import Context
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -93,7 +95,9 @@ class OtelTracing:
         resource = Resource.create()
         if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
             resource = resource.merge(Resource({SERVICE_NAME: "mistralrs-gateway"}))
-        self.provider = TracerProvider(resource=resource)
+        # No atexit shutdown of its own: close() bounds it; the SDK's would wait
+        # for a hanging collector after the drain had already given up on it.
+        self.provider = TracerProvider(resource=resource, shutdown_on_exit=False)
         for processor in processors:
             self.provider.add_span_processor(processor)
         self._tracer = self.provider.get_tracer("mistralrs-gateway", version)
@@ -108,16 +112,26 @@ class OtelTracing:
         return OtelSpan(self._tracer, span)
 
     def close(self, timeout_s: float) -> None:
-        self.provider.force_flush(int(timeout_s * 1000))
-        self.provider.shutdown()
+        """Export what is batched, for at most ``timeout_s``.
+
+        In a daemon thread: the SDK's flush waits for every batch whatever its
+        timeout, each export for the exporter's timeout, and a collector that
+        accepts and never answers would hold the process past its termination
+        grace. What is not exported by then is left behind."""
+
+        def flush_and_stop() -> None:
+            self.provider.force_flush(int(timeout_s * 1000))
+            self.provider.shutdown()
+
+        closer = threading.Thread(target=flush_and_stop, name="otel-close", daemon=True)
+        closer.start()
+        closer.join(timeout_s)
 
 
 def _exporter(name: str) -> SpanExporter:
     if name == "console":
         return ConsoleSpanExporter()
     # The exporter's own endpoint, headers, timeout and certificate variables apply.
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
     return OTLPSpanExporter()
 
 

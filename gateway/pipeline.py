@@ -64,7 +64,7 @@ from gateway.ratelimit import Hold, TenantLimits
 from gateway.receipts import Receipt
 from gateway.relay import Relay, Timeouts
 from gateway.runtime import Runtime
-from gateway.tracing import NS, Span, failed, request_attributes, step
+from gateway.tracing import NO_SPAN, NS, Span, failed, request_attributes, step
 from gateway.upstream.table import Worker
 
 _SSE_HEADERS = [
@@ -236,6 +236,8 @@ class InferenceEndpoint:
                     limits.max_concurrent_requests,
                 ),
                 (plan.max_tokens or 0) + estimate_prompt_tokens(plan.prompt_bytes),
+                # The slot must outlast the admission wait as well as the worker call.
+                wait_s=tenant.policy.admission.queue_timeout_s,
             )
         rate_headers = call.reservation.headers()
         admission = tenant.policy.admission
@@ -357,17 +359,20 @@ class InferenceEndpoint:
             before_end=lambda: self._note_response(call),
         )
         producer = call.producer = BodyProducer(body, rt.evidence.store)
-        span = call.worker_span = info.span.child(
-            f"POST {self.api.path}",
-            kind="client",
-            attributes={
-                "http.request.method": "POST",
-                "server.address": upstream_cfg.host,
-                "server.port": upstream_cfg.port,
-                NS + "upstream": worker.name,
-            },
-        )
-        traceparent = span.traceparent()
+        traceparent = None
+        if info.span is not NO_SPAN:
+            span = call.worker_span = info.span.child(
+                f"POST {self.api.path}",
+                kind="client",
+                attributes={
+                    "http.request.method": "POST",
+                    "server.address": upstream_cfg.host,
+                    "server.port": upstream_cfg.port,
+                    "url.path": self.api.path,
+                    NS + "upstream": worker.name,
+                },
+            )
+            traceparent = span.traceparent()
 
         def opener() -> Awaitable[Any]:
             return worker.client.open_stream(
@@ -507,6 +512,8 @@ class InferenceEndpoint:
         """GenAI attributes on the request's span; the worker call's span ends
         with the request's outcome (the app's wrapper ends the request's)."""
         info, receipt = call.info, call.receipt
+        if info.span is NO_SPAN:
+            return
         error = receipt.error_code or ("canceled" if receipt.outcome == "canceled" else None)
         if call.worker_span is not None:
             call.worker_span.end(error=error, failed=failed(info.status, receipt.error_code))

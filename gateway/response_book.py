@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 import anyio.to_thread
 
+from gateway.apis.responses import RESPONSE_ID
 from gateway.errors import GatewayError
 from gateway.evidence.catalog import Catalog, ResponseRow
 
@@ -39,6 +40,9 @@ log = logging.getLogger("gateway.responses")
 MAX_KEPT_BYTES = 1 << 20
 #: kept bodies waiting for the catalog, at most (a failing volume must not grow memory)
 MAX_PENDING_BODY_BYTES = 64 << 20
+#: ids waiting for the catalog, at most; past it a new id is not noted (logged,
+#: and the caller's later previous_response_id or GET finds nothing)
+MAX_PENDING_IDS = 100_000
 #: how long the flusher waits after a note for others to share its write
 LINGER_S = 0.02
 #: retry delays while the catalog write fails: doubling from the first, capped at the last
@@ -60,6 +64,8 @@ class ResponseBook:
         #: (tenant, id) -> (alias, kept body, expiry) noted but not yet in the catalog
         self._pending: dict[_Key, tuple[str, bytes | None, float]] = {}
         self._pending_bytes = 0
+        #: past MAX_PENDING_IDS (logged once per episode)
+        self._full = False
         #: serializes catalog writes of the flusher with forgets (no forgotten id rewritten)
         self._writing = asyncio.Lock()
         self._wakeup = asyncio.Event()
@@ -74,7 +80,21 @@ class ResponseBook:
             return len(self._pending)
 
     def note(self, tenant: str, response_id: str, alias: str, body: bytes | None) -> None:
+        if not RESPONSE_ID.fullmatch(response_id):
+            # An id no caller could name (the worker's, unchecked otherwise).
+            return
         with self._lock:
+            if len(self._pending) >= MAX_PENDING_IDS and (tenant, response_id) not in self._pending:
+                self._prune()
+                if len(self._pending) >= MAX_PENDING_IDS:
+                    if not self._full:
+                        log.error(
+                            "responses: %d ids wait for the catalog; new ids are not kept",
+                            len(self._pending),
+                        )
+                    self._full = True
+                    return
+            self._full = False
             if body is not None and (
                 len(body) > MAX_KEPT_BYTES
                 or self._pending_bytes + len(body) > MAX_PENDING_BODY_BYTES
@@ -87,6 +107,14 @@ class ResponseBook:
             if body is not None:
                 self._pending_bytes += len(body)
         self._wakeup.set()
+
+    def _prune(self) -> None:
+        """Forget pending ids past their expiry (under the lock)."""
+        now = self._clock()
+        for key in [k for k, v in self._pending.items() if v[2] <= now]:
+            body = self._pending.pop(key)[1]
+            if body is not None:
+                self._pending_bytes -= len(body)
 
     async def flush(self) -> int:
         """Write everything noted so far; the number of ids written."""
@@ -117,9 +145,10 @@ class ResponseBook:
             self._wakeup.clear()
             try:
                 await self.flush()
-            except GatewayError as exc:
+            except Exception as exc:  # the flusher must outlive any failure
                 if not failing:
-                    log.error("responses: catalog write failed (%s), retrying", exc.code)
+                    reason = exc.code if isinstance(exc, GatewayError) else type(exc).__name__
+                    log.error("responses: catalog write failed (%s), retrying", reason)
                 failing = True
                 self._wakeup.set()
                 await asyncio.sleep(delay)
@@ -134,10 +163,10 @@ class ResponseBook:
         number of ids left unwritten."""
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
             self._task = None
-        with contextlib.suppress(GatewayError, TimeoutError):
+        with contextlib.suppress(Exception):
             async with asyncio.timeout(timeout_s):
                 await self.flush()
         return self.pending
@@ -156,8 +185,9 @@ class ResponseBook:
 
     async def forget(self, tenant: str, response_id: str) -> None:
         async with self._writing:
+            # The catalog first: a delete that fails leaves the id as it was.
+            await anyio.to_thread.run_sync(self._catalog.forget_response, tenant, response_id)
             with self._lock:
                 noted = self._pending.pop((tenant, response_id), None)
                 if noted is not None and noted[1] is not None:
                     self._pending_bytes -= len(noted[1])
-            await anyio.to_thread.run_sync(self._catalog.forget_response, tenant, response_id)

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import anyio
@@ -259,23 +259,48 @@ async def _sweep_expired(runtime: Runtime) -> None:
 
 
 async def close_runtime(runtime: Runtime) -> None:
+    """Stop everything; each step whatever the ones before it raised (a failing
+    step must not cost the receipts, the settlements or the spans after it)."""
     for task in runtime.background:
         task.cancel()
     await asyncio.gather(*runtime.background, return_exceptions=True)
-    if runtime.metrics_listener is not None:
-        await runtime.metrics_listener.aclose()
-    await runtime.readiness.aclose()
-    unwritten = await runtime.responses.aclose(runtime.config.audit.flush_timeout_s)
-    if unwritten:
-        log.warning("responses: %d response ids could not be written to the catalog", unwritten)
-    await runtime.receipts.aclose(runtime.config.audit.flush_timeout_s)
-    await runtime.ratelimit.aclose(_LIMITS_CLOSE_S)
-    await runtime.table.aclose()
-    if runtime.keys_http is not None:
-        await runtime.keys_http.aclose()
-    runtime.evidence.close()
-    # A collector that hangs must not hold the shutdown: its export is left behind.
-    with anyio.move_on_after(_TRACING_CLOSE_S + 1):
-        await anyio.to_thread.run_sync(
-            runtime.tracing.close, _TRACING_CLOSE_S, abandon_on_cancel=True
-        )
+    flush_s = runtime.config.audit.flush_timeout_s
+
+    async def responses() -> None:
+        unwritten = await runtime.responses.aclose(flush_s)
+        if unwritten:
+            log.warning("responses: %d response ids could not be written to the catalog", unwritten)
+
+    async def keys_http() -> None:
+        if runtime.keys_http is not None:
+            await runtime.keys_http.aclose()
+
+    async def evidence() -> None:
+        runtime.evidence.close()
+
+    async def tracing() -> None:
+        if runtime.tracing is not NO_TRACING:
+            # Bounded by close itself (a daemon thread): no worker thread is left
+            # for the interpreter to wait for at exit.
+            await anyio.to_thread.run_sync(runtime.tracing.close, _TRACING_CLOSE_S)
+
+    async def metrics_listener() -> None:
+        if runtime.metrics_listener is not None:
+            await runtime.metrics_listener.aclose()
+
+    steps: list[tuple[str, Callable[[], Awaitable[object]]]] = [
+        ("metrics listener", metrics_listener),
+        ("readiness", runtime.readiness.aclose),
+        ("responses", responses),
+        ("receipts", lambda: runtime.receipts.aclose(flush_s)),
+        ("limits store", lambda: runtime.ratelimit.aclose(_LIMITS_CLOSE_S)),
+        ("upstreams", runtime.table.aclose),
+        ("key fetcher", keys_http),
+        ("evidence", evidence),
+        ("tracing", tracing),
+    ]
+    for name, step in steps:
+        try:
+            await step()
+        except Exception as exc:
+            log.error("shutdown: closing the %s failed: %s", name, type(exc).__name__)

@@ -1,13 +1,15 @@
 """Request tracing: the seam the pipeline reports spans through. Pure.
 
-Off by default: every request carries :data:`NO_SPAN`, whose methods do
-nothing, so a gateway without tracing pays one attribute lookup per step.
+Off by default: every request carries :data:`NO_SPAN`; the pipeline checks
+for it before building a step's span or a request's attributes, so a gateway
+without tracing pays an identity test per step.
 With the ``otel`` extra installed and ``OTEL_TRACES_EXPORTER`` set
 (:func:`settings_from_env`), ``gateway/otel.py`` provides the same protocol
 on the OpenTelemetry SDK.
 
-What a span may carry follows the receipts' rule: counts, names, codes and
-identifiers, never prompt or answer text, tokens or paths
+What a span may carry is stricter than the receipts' rule: counts, names,
+codes and identifiers, never prompt or answer text, tokens or paths (so not
+the route either: a route is the model's directory)
 (:func:`request_attributes` is the one place that picks them).
 """
 
@@ -105,10 +107,18 @@ NO_SPAN: Span = _NoSpan()
 NO_TRACING: Tracing = _NoTracing()
 
 
-@contextlib.contextmanager
-def step(parent: Span, name: str, attributes: Attributes | None = None) -> Iterator[Span]:
+def step(
+    parent: Span, name: str, attributes: Attributes | None = None
+) -> contextlib.AbstractContextManager[Span]:
     """A child span around one step of a request; a refusal names its code,
-    a cancellation says ``cancelled``."""
+    a cancellation says ``canceled`` (the receipts' spelling)."""
+    if parent is NO_SPAN:
+        return contextlib.nullcontext(NO_SPAN)
+    return _step(parent, name, attributes)
+
+
+@contextlib.contextmanager
+def _step(parent: Span, name: str, attributes: Attributes | None) -> Iterator[Span]:
     span = parent.child(name, attributes=attributes)
     try:
         yield span
@@ -116,8 +126,9 @@ def step(parent: Span, name: str, attributes: Attributes | None = None) -> Itera
         span.end(error=exc.code, failed=exc.status >= 500)
         raise
     except BaseException as exc:
-        cancelled = type(exc).__name__ == "CancelledError"
-        span.end(error="cancelled" if cancelled else type(exc).__name__, failed=not cancelled)
+        # By name: this pure module imports no asyncio.
+        canceled = type(exc).__name__ == "CancelledError"
+        span.end(error="canceled" if canceled else type(exc).__name__, failed=not canceled)
         raise
     span.end()
 
@@ -142,7 +153,6 @@ def request_attributes(receipt: Receipt, operation: str) -> dict[str, AttributeV
         "gen_ai.response.finish_reasons": (
             [receipt.finish_reason] if receipt.finish_reason is not None else None
         ),
-        NS + "route": receipt.route,
         NS + "upstream": receipt.upstream,
         NS + "stream": receipt.stream,
         NS + "outcome": receipt.outcome,

@@ -1,7 +1,9 @@
 """deploy/, Dockerfile and .dockerignore hold the invariants the gateway relies on.
 
 Only what the loader validates is loaded: TLS and JWKS files are Secrets in the
-pod and do not exist in the repository.
+pod and do not exist in the repository. The observability manifests (PodMonitor,
+alert rules, dashboard) are checked against the metrics registry in
+test_deploy_observability.py.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path, PurePosixPath
@@ -20,9 +23,10 @@ import yaml
 from redis import Redis
 from redis.exceptions import RedisError
 
-from gateway.config import GatewayConfig
-from gateway.launch import build_plan, check_argv
-from gateway.loader import Loaded, load_all
+from gateway.config import GatewayConfig, UpstreamConfig
+from gateway.kustomize import policies_generator
+from gateway.launch import build_plan, check_argv, launch_plan_json
+from gateway.loader import Loaded, load_all, policy_files
 from gateway.ratelimit import RedisLimitsStore, TenantLimits
 from tests.support.redis import REDIS_SERVER, free_port
 
@@ -31,6 +35,10 @@ DEPLOY = ROOT / "deploy"
 CONFIG_DIR_IN_POD = PurePosixPath("/etc/mistralrs-gateway")
 CONFIG_IN_POD = CONFIG_DIR_IN_POD / "gateway.yaml"
 APP = {"app.kubernetes.io/name": "mistralrs-gateway"}
+#: the example pod's workers (gateway.yaml upstreams), each in container worker-<name>
+UPSTREAMS = ("chat", "embed")
+CONTAINERS = ("gateway", *(f"worker-{name}" for name in UPSTREAMS))
+MODELS_PVC = "mosaic-models"
 
 Doc = dict[str, Any]
 
@@ -68,9 +76,23 @@ def redis_docs() -> list[Doc]:
 
 
 @pytest.fixture(scope="module")
-def pod(docs: list[Doc]) -> Doc:
-    spec: Doc = only(docs, "Deployment")["spec"]["template"]["spec"]
+def deployment(docs: list[Doc]) -> Doc:
+    return only(docs, "Deployment")
+
+
+@pytest.fixture(scope="module")
+def pod(deployment: Doc) -> Doc:
+    spec: Doc = deployment["spec"]["template"]["spec"]
     return spec
+
+
+def upstream(config: GatewayConfig, name: str) -> UpstreamConfig:
+    (found,) = [u for u in config.workers if u.name == name]
+    return found
+
+
+def workers(pod: Doc) -> list[Doc]:
+    return [c for c in pod["containers"] if c["name"].startswith("worker-")]
 
 
 def container(pod: Doc, name: str) -> Doc:
@@ -115,8 +137,13 @@ def test_every_yaml_in_deploy_parses() -> None:
         "gateway.yaml",
         "k8s.yaml",
         "kustomization.yaml",
+        "policies-generator.yaml",
         "policies/acme.yaml",
+        "policies/globex.yaml",
         "redis.yaml",
+        "observability/kustomization.yaml",
+        "observability/pod-monitor.yaml",
+        "observability/prometheus-rule.yaml",
     }
     for path in files:
         parsed = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
@@ -125,26 +152,67 @@ def test_every_yaml_in_deploy_parses() -> None:
 
 def test_example_config_and_policies_load(loaded: Loaded, config: GatewayConfig) -> None:
     assert loaded.warnings == ()
-    assert set(loaded.policies.tenants) == {"acme"}
+    assert set(loaded.policies.tenants) == {"acme", "globex"}
     assert config.listen.host == "0.0.0.0"
     assert config.listen.port == 8443
     assert config.listen.tls is not None
-    assert config.workers[0].base_url == "http://127.0.0.1:1234"
-    assert config.workers[0].launch is not None
-    assert config.admission.capacity <= config.workers[0].launch.max_seqs
+    assert config.upstream is None
+    assert tuple(u.name for u in config.workers) == UPSTREAMS
     for path in (config.staging.dir, config.staging.catalog, config.audit.path):
         assert PurePosixPath(path).is_relative_to("/var/lib/mistralrs-gateway")
+
+
+@pytest.mark.parametrize("name", UPSTREAMS)
+def test_each_worker_is_pinned_on_its_own_loopback_port(config: GatewayConfig, name: str) -> None:
+    worker = upstream(config, name)
+    launch = worker.launch
+    assert launch is not None
+    url = urlsplit(worker.base_url)
+    assert (url.scheme, url.hostname, url.port) == ("http", "127.0.0.1", launch.port)
+    # The route is the worker's -m: the bundle directory named by its digest.
+    assert worker.served_routes == launch.model_dirs == [launch.model_dir]
+    assert launch.model_dir == f"/srv/mosaic-models/{launch.model_bundle_sha256}"
+    capacity = worker.capacity or config.admission.capacity
+    assert capacity <= launch.max_seqs  # a permit never waits inside the worker
+
+
+def test_worker_ports_do_not_collide_in_the_pod(config: GatewayConfig) -> None:
+    # One network namespace: a worker on the gateway's or the metrics port would not bind.
+    assert config.metrics.listen is not None
+    ports = [u.launch.port for u in config.workers if u.launch is not None]
+    ports += [config.listen.port, config.metrics.listen.port]
+    assert len(ports) == len(set(ports)) == len(UPSTREAMS) + 2
+
+
+def test_the_embedding_worker_is_probed_with_an_embedding(config: GatewayConfig) -> None:
+    chat, embed = upstream(config, "chat"), upstream(config, "embed")
+    assert chat.probe is not None and chat.probe.kind == "chat"
+    assert embed.probe is not None and embed.probe.kind == "embeddings"
+    assert embed.launch is not None and embed.launch.device == "cpu"
+
+
+def test_policies_alias_both_workers_with_the_endpoints_they_serve(
+    loaded: Loaded, config: GatewayConfig
+) -> None:
+    aliased: set[str] = set()
+    for tenant in loaded.policies.tenants.values():
+        for route in tenant.policy.models.values():
+            aliased.add(route)
+            serving = config.routes[route].name
+            if serving == "embed":
+                assert tenant.allows_endpoint("embeddings"), (tenant.name, route)
+            else:
+                assert tenant.allows_endpoint("chat.completions"), (tenant.name, route)
+    assert aliased == set(config.routes)  # every route some tenant can reach
 
 
 # --- the pod ---------------------------------------------------------------------------
 
 
-def test_one_pod_two_containers(docs: list[Doc], pod: Doc) -> None:
-    deployment = only(docs, "Deployment")
-    assert deployment["spec"]["replicas"] == 1
+def test_one_pod_a_gateway_and_a_container_per_worker(deployment: Doc, pod: Doc) -> None:
     assert deployment["spec"]["selector"]["matchLabels"] == APP
     assert deployment["spec"]["template"]["metadata"]["labels"] == APP
-    assert [c["name"] for c in pod["containers"]] == ["gateway", "worker"]
+    assert tuple(c["name"] for c in pod["containers"]) == CONTAINERS
     assert pod["automountServiceAccountToken"] is False
     assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
 
@@ -159,24 +227,36 @@ def test_gateway_command(pod: Doc) -> None:
     ]
 
 
-def test_worker_runs_exactly_the_launch_plan(pod: Doc, config: GatewayConfig) -> None:
-    assert config.workers[0].launch is not None
-    plan = build_plan(config.workers[0].launch)
-    worker = container(pod, "worker")
+@pytest.mark.parametrize("name", UPSTREAMS)
+def test_each_worker_runs_exactly_its_launch_plan(
+    pod: Doc, config: GatewayConfig, name: str
+) -> None:
+    launch = upstream(config, name).launch
+    assert launch is not None
+    plan = build_plan(launch)
+    # What `launch-plan` prints for this upstream, the container's argv token for token.
+    assert launch_plan_json(config)["upstreams"][name]["argv"] == plan.argv
+    worker = container(pod, f"worker-{name}")
     argv = worker["command"] + worker["args"]
     assert argv == plan.argv
-    assert all(isinstance(token, str) for token in argv)  # "1234" quoted, not an int
+    assert all(isinstance(token, str) for token in argv)  # "1234" and "off" quoted
     i = argv.index("--host")
     assert argv[i : i + 2] == ["--host", "127.0.0.1"]
+    assert argv[argv.index("--port") + 1] == str(launch.port)
     check_argv(argv)
 
 
-def test_worker_exposes_nothing(pod: Doc) -> None:
-    worker = container(pod, "worker")
-    assert "ports" not in worker
-    # Kubelet probes reach the pod IP, which a loopback-only worker never answers.
-    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-        assert probe not in worker
+def test_every_upstream_has_its_container(pod: Doc, config: GatewayConfig) -> None:
+    launched = {u.name for u in config.workers if u.launch is not None}
+    assert {c["name"] for c in workers(pod)} == {f"worker-{n}" for n in launched}
+
+
+def test_workers_expose_nothing(pod: Doc) -> None:
+    for worker in workers(pod):
+        assert "ports" not in worker, worker["name"]
+        # Kubelet probes reach the pod IP, which a loopback-only worker never answers.
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            assert probe not in worker, (worker["name"], probe)
 
 
 def test_no_agent_flags_anywhere(pod: Doc) -> None:
@@ -191,20 +271,26 @@ def test_no_agent_flags_anywhere(pod: Doc) -> None:
             assert env["name"] not in ("MCP_CONFIG_PATH", "MISTRALRS_ALLOW_RUNTIME_LORA_UPDATING")
 
 
-def test_gateway_port_and_probes(pod: Doc, config: GatewayConfig) -> None:
+def test_gateway_ports_and_probes(pod: Doc, config: GatewayConfig) -> None:
     gateway = container(pod, "gateway")
-    ports = gateway["ports"]
-    assert [p["containerPort"] for p in ports] == [config.listen.port] == [8443]
-    port_name = ports[0]["name"]
+    assert config.metrics.listen is not None
+    ports = {p["name"]: p for p in gateway["ports"]}
+    assert [(p["containerPort"], p["protocol"]) for p in gateway["ports"]] == [
+        (config.listen.port, "TCP"),
+        (config.metrics.listen.port, "TCP"),
+    ]
+    assert ports["https"]["containerPort"] == config.listen.port == 8443
+    assert ports["metrics"]["containerPort"] == config.metrics.listen.port
+    assert config.metrics.listen.host == "0.0.0.0"  # the scraper comes from another pod
     expected = {"startupProbe": "/livez", "livenessProbe": "/livez", "readinessProbe": "/readyz"}
     for probe, path in expected.items():
         get = gateway[probe]["httpGet"]
         assert get["path"] == path
         assert get["scheme"] == "HTTPS"
-        assert get["port"] in (port_name, 8443)
+        assert get["port"] in ("https", 8443)
 
 
-@pytest.mark.parametrize("name", ["gateway", "worker"])
+@pytest.mark.parametrize("name", CONTAINERS)
 def test_container_security(pod: Doc, name: str) -> None:
     ctx = container(pod, name)["securityContext"]
     assert ctx["runAsNonRoot"] is True
@@ -225,22 +311,33 @@ def test_pod_security(pod: Doc) -> None:
 
 def test_containers_use_distinct_uids(pod: Doc) -> None:
     uids = {c["securityContext"]["runAsUser"] for c in pod["containers"]}
-    assert len(uids) == 2
+    assert len(uids) == len(CONTAINERS)
 
 
-@pytest.mark.parametrize("name", ["gateway", "worker"])
+@pytest.mark.parametrize("name", CONTAINERS)
 def test_resources(pod: Doc, name: str) -> None:
     resources = container(pod, name)["resources"]
     assert resources["requests"]["memory"] and resources["requests"]["cpu"]
     assert resources["limits"]["memory"]
 
 
+@pytest.mark.parametrize("name", UPSTREAMS)
+def test_only_a_cuda_worker_takes_a_gpu(pod: Doc, config: GatewayConfig, name: str) -> None:
+    launch = upstream(config, name).launch
+    assert launch is not None
+    limits = container(pod, f"worker-{name}")["resources"]["limits"]
+    assert ("nvidia.com/gpu" in limits) == (launch.device == "cuda")
+    assert limits.get("nvidia.com/gpu", 1) == 1
+    assert "nvidia.com/gpu" not in container(pod, "gateway")["resources"]["limits"]
+
+
 def test_grace_period_outlasts_the_drain(pod: Doc, config: GatewayConfig) -> None:
     grace = pod["terminationGracePeriodSeconds"]
     assert grace > config.listen.shutdown_grace_s
-    # The worker's SIGTERM waits for the drain but not for the whole grace period.
-    sleep = container(pod, "worker")["lifecycle"]["preStop"]["sleep"]["seconds"]
-    assert config.listen.shutdown_grace_s <= sleep < grace
+    # Each worker's SIGTERM waits for the drain but not for the whole grace period.
+    for worker in workers(pod):
+        sleep = worker["lifecycle"]["preStop"]["sleep"]["seconds"]
+        assert config.listen.shutdown_grace_s <= sleep < grace, worker["name"]
 
 
 def test_images_are_pinned(pod: Doc) -> None:
@@ -249,7 +346,45 @@ def test_images_are_pinned(pod: Doc) -> None:
         name = image.split("@", 1)[0]
         assert ":" in name.rsplit("/", 1)[-1], image
         assert not name.endswith(":latest"), image
-    assert re.search(r"@sha256:[0-9a-f]{64}$", container(pod, "worker")["image"])
+    for worker in workers(pod):
+        assert re.search(r"@sha256:[0-9a-f]{64}$", worker["image"]), worker["name"]
+
+
+# --- replicas, disruptions, rollouts ---------------------------------------------------
+
+
+def test_replicas_and_a_rolling_update_that_keeps_capacity(deployment: Doc) -> None:
+    spec = deployment["spec"]
+    assert spec["replicas"] >= 2
+    strategy = spec["strategy"]
+    assert strategy["type"] == "RollingUpdate"
+    # The new pod first, an old one drained only once it is ready: never fewer than replicas.
+    assert strategy["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    assert spec["minReadySeconds"] > 0
+    # Long enough for a model load, and for a surge pod waiting for a GPU node to join.
+    assert spec["progressDeadlineSeconds"] >= 600
+
+
+def test_pod_disruption_budget_selects_the_pod(docs: list[Doc], deployment: Doc) -> None:
+    budget = only(docs, "PodDisruptionBudget")
+    assert budget["apiVersion"] == "policy/v1"
+    spec = budget["spec"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert spec["selector"]["matchLabels"].items() <= labels.items()
+    assert spec["selector"] == deployment["spec"]["selector"]
+    # One voluntary eviction at a time, whatever the replica count.
+    assert spec["maxUnavailable"] == 1 and "minAvailable" not in spec
+    assert spec["maxUnavailable"] < deployment["spec"]["replicas"]  # drains can proceed
+    assert spec["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+
+
+def test_replicas_spread_over_nodes(pod: Doc) -> None:
+    (spread,) = pod["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert spread["maxSkew"] == 1
+    assert spread["labelSelector"] == {"matchLabels": APP}
+    # DoNotSchedule would count GPU-less nodes as empty domains and block the surge pod.
+    assert spread["whenUnsatisfiable"] == "ScheduleAnyway"
 
 
 # --- volumes ---------------------------------------------------------------------------
@@ -265,33 +400,71 @@ def test_writable_paths_are_volumes(pod: Doc, config: GatewayConfig) -> None:
     ):
         mount = covering_mount(gateway, path)
         assert not mount.get("readOnly", False), path
+        # subPath would pin one file name; rotation renames files within the directory.
         assert "subPath" not in mount
         source = vols[mount["name"]]
         assert "emptyDir" in source or "persistentVolumeClaim" in source
 
 
-def test_evidence_is_writable_by_gateway_read_only_in_worker(
+def quantity(text: str) -> int:
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    match = re.fullmatch(r"([0-9]+)(Ki|Mi|Gi|Ti)", text)
+    assert match, text
+    return int(match[1]) * units[match[2]]
+
+
+def test_receipts_go_to_a_directory_of_the_pods_own_on_shared_storage(
+    docs: list[Doc], deployment: Doc, pod: Doc, config: GatewayConfig
+) -> None:
+    gateway = container(pod, "gateway")
+    audit_dir = PurePosixPath(config.audit.path).parent
+    mount = covering_mount(gateway, audit_dir)
+    assert mount["mountPath"] == str(audit_dir)
+    # Each replica appends only to <volume>/<pod name>/: no file has two writers.
+    assert mount["subPathExpr"] == "$(POD_NAME)"
+    env = {e["name"]: e for e in gateway["env"]}
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    claim = volumes(pod)[mount["name"]]["persistentVolumeClaim"]["claimName"]
+    (pvc,) = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
+    assert pvc["metadata"]["name"] == claim == "mistralrs-gateway-audit"
+    # Mounted by every replica and the surge pod, on whatever nodes they land.
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    # Rotation bounds each pod's files; the volume holds every live pod's full set.
+    assert config.audit.rotate_bytes > 0 and config.audit.keep >= 1
+    per_pod = (config.audit.keep + 1) * config.audit.rotate_bytes
+    live = (
+        deployment["spec"]["replicas"] + deployment["spec"]["strategy"]["rollingUpdate"]["maxSurge"]
+    )
+    assert live * per_pod <= quantity(pvc["spec"]["resources"]["requests"]["storage"])
+    # No other container sees the receipts.
+    for worker in workers(pod):
+        assert mount["name"] not in {m["name"] for m in worker["volumeMounts"]}
+
+
+def test_evidence_is_writable_by_gateway_read_only_in_workers(
     pod: Doc, config: GatewayConfig
 ) -> None:
     gateway_mount = covering_mount(container(pod, "gateway"), PurePosixPath(config.staging.dir))
     assert gateway_mount["mountPath"] == str(config.staging.dir)
     assert "emptyDir" in volumes(pod)[gateway_mount["name"]]
-    worker_mounts = [
-        m for m in container(pod, "worker")["volumeMounts"] if m["name"] == gateway_mount["name"]
-    ]
-    assert len(worker_mounts) == 1
-    assert worker_mounts[0]["readOnly"] is True
+    for worker in workers(pod):
+        for m in worker["volumeMounts"]:
+            if m["name"] == gateway_mount["name"]:
+                assert m["readOnly"] is True, worker["name"]
+    # The chat worker is the one that could read staged media (file_url pins).
+    chat = [m for m in container(pod, "worker-chat")["volumeMounts"] if m["name"] == "evidence"]
+    assert len(chat) == 1
 
 
-def test_model_volume_is_read_only(pod: Doc, config: GatewayConfig) -> None:
-    assert config.workers[0].launch is not None
-    worker = container(pod, "worker")
-    model_dir = config.workers[0].launch.model_dir
-    assert model_dir is not None
-    mount = covering_mount(worker, PurePosixPath(model_dir))
+@pytest.mark.parametrize("name", UPSTREAMS)
+def test_model_volume_is_read_only(pod: Doc, config: GatewayConfig, name: str) -> None:
+    launch = upstream(config, name).launch
+    assert launch is not None and launch.model_dir is not None
+    worker = container(pod, f"worker-{name}")
+    mount = covering_mount(worker, PurePosixPath(launch.model_dir))
     assert mount["readOnly"] is True
     source = volumes(pod)[mount["name"]]
-    assert source["persistentVolumeClaim"]["readOnly"] is True
+    assert source["persistentVolumeClaim"] == {"claimName": MODELS_PVC, "readOnly": True}
     for c in pod["containers"]:
         for m in c["volumeMounts"]:
             if m["name"] == mount["name"]:
@@ -300,12 +473,16 @@ def test_model_volume_is_read_only(pod: Doc, config: GatewayConfig) -> None:
     assert mount["name"] not in gateway_names
 
 
-def test_worker_writes_only_scratch(pod: Doc) -> None:
+def test_workers_write_only_scratch_of_their_own(pod: Doc) -> None:
     vols = volumes(pod)
-    for m in container(pod, "worker")["volumeMounts"]:
-        if not m.get("readOnly", False):
-            assert m["mountPath"] == "/tmp"
-            assert "emptyDir" in vols[m["name"]]
+    scratch: list[str] = []
+    for worker in workers(pod):
+        for m in worker["volumeMounts"]:
+            if not m.get("readOnly", False):
+                assert m["mountPath"] == "/tmp"
+                assert "emptyDir" in vols[m["name"]]
+                scratch.append(m["name"])
+    assert len(scratch) == len(set(scratch)) == len(UPSTREAMS)
 
 
 def test_config_keys_and_policies_are_mounted(pod: Doc, config: GatewayConfig) -> None:
@@ -342,15 +519,63 @@ def test_secrets_are_not_in_the_manifests(docs: list[Doc], pod: Doc) -> None:
             )
 
 
-def test_kustomization_builds_the_config_maps() -> None:
+# --- kustomization and the policies ConfigMap ------------------------------------------
+
+
+def test_kustomization_builds_the_config_maps(pod: Doc) -> None:
     kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text(encoding="utf-8"))
     assert kustomization["resources"] == ["k8s.yaml", "redis.yaml"]
-    generators = {g["name"]: g for g in kustomization["configMapGenerator"]}
-    assert generators["mistralrs-gateway-config"]["files"] == ["gateway.yaml"]
-    policy_files = sorted(p.relative_to(DEPLOY).as_posix() for p in DEPLOY.glob("policies/*.yaml"))
-    assert sorted(generators["mistralrs-gateway-policies"]["files"]) == policy_files
+    (config_map,) = kustomization["configMapGenerator"]  # the policies are not listed here
+    assert config_map == {"name": "mistralrs-gateway-config", "files": ["gateway.yaml"]}
+    assert kustomization["generators"] == ["policies-generator.yaml"]
+    generator = yaml.safe_load((DEPLOY / "policies-generator.yaml").read_text(encoding="utf-8"))
+    assert (generator["apiVersion"], generator["kind"]) == ("builtin", "ConfigMapGenerator")
+    assert generator["metadata"]["name"] == volumes(pod)["policies"]["configMap"]["name"]
     # A stable name: policy edits are applied in place and reloaded by SIGHUP.
-    assert generators["mistralrs-gateway-policies"]["options"]["disableNameSuffixHash"] is True
+    assert generator["options"]["disableNameSuffixHash"] is True
+
+
+def test_policies_config_map_is_generated_from_the_directory(loaded: Loaded) -> None:
+    """A policy added, renamed or removed without regenerating fails here."""
+    committed = (DEPLOY / "policies-generator.yaml").read_text(encoding="utf-8")
+    regenerate = (
+        "stale: mistralrs-gateway policies-generator deploy/policies "
+        "--output deploy/policies-generator.yaml"
+    )
+    assert committed == policies_generator(DEPLOY / "policies", DEPLOY), regenerate
+    listed = yaml.safe_load(committed)["files"]
+    on_disk = [p.relative_to(DEPLOY).as_posix() for p in policy_files(DEPLOY / "policies")]
+    assert listed == on_disk
+    # Every ConfigMap key is a tenant the gateway loads, and every tenant has its key.
+    assert {PurePosixPath(f).stem for f in listed} == set(loaded.policies.tenants)
+
+
+def kustomize_build(folder: Path) -> list[Doc]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl (with its built-in kustomize) is not installed")
+    done = subprocess.run(
+        [kubectl, "kustomize", str(folder)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+def test_kustomize_builds_the_policies_config_map_from_every_file(loaded: Loaded) -> None:
+    """Where kubectl is at hand: what kustomize really makes of the generator config."""
+    built = kustomize_build(DEPLOY)
+    by_name = {(d["kind"], d["metadata"]["name"]): d for d in built}
+    policies = by_name[("ConfigMap", "mistralrs-gateway-policies")]
+    expected = {p.name: p.read_text(encoding="utf-8") for p in policy_files(DEPLOY / "policies")}
+    assert policies["data"] == expected
+    assert {PurePosixPath(k).stem for k in policies["data"]} == set(loaded.policies.tenants)
+    kinds = sorted(kind for kind, _ in by_name)
+    assert kinds.count("Deployment") == 2 and "PodDisruptionBudget" in kinds
+    observability = kustomize_build(DEPLOY / "observability")
+    assert {d["kind"] for d in observability} == {"ConfigMap", "PodMonitor", "PrometheusRule"}
+    (dashboard,) = [d for d in observability if d["kind"] == "ConfigMap"]
+    source = (DEPLOY / "observability" / "grafana-dashboard.json").read_text(encoding="utf-8")
+    assert json.loads(dashboard["data"]["grafana-dashboard.json"]) == json.loads(source)
 
 
 # --- Service and NetworkPolicy -----------------------------------------------------------
@@ -360,16 +585,29 @@ def test_service_exposes_only_8443(docs: list[Doc]) -> None:
     service = only(docs, "Service")["spec"]
     assert service["selector"] == APP
     assert service.get("type", "ClusterIP") == "ClusterIP"
+    # Metrics are scraped from the pods (PodMonitor), never offered behind the Service.
     assert [(p["port"], p["targetPort"]) for p in service["ports"]] == [(8443, "https")]
 
 
-def test_network_policy_admits_only_8443(docs: list[Doc]) -> None:
+def test_network_policy_admits_callers_to_8443_and_monitoring_to_metrics(
+    docs: list[Doc], config: GatewayConfig
+) -> None:
     policy = only(docs, "NetworkPolicy")["spec"]
     assert policy["podSelector"]["matchLabels"] == APP
     assert "Ingress" in policy["policyTypes"]
-    ports = [p for rule in policy["ingress"] for p in rule["ports"]]
-    assert ports == [{"port": 8443, "protocol": "TCP"}]
     assert all(rule.get("ports") for rule in policy["ingress"])  # no all-ports rule
+    assert config.metrics.listen is not None
+    callers, monitoring = policy["ingress"]
+    assert callers["ports"] == [{"port": config.listen.port, "protocol": "TCP"}]
+    assert monitoring["ports"] == [{"port": config.metrics.listen.port, "protocol": "TCP"}]
+    # The metrics port is open to one namespace only: a `from` naming it, nothing wider.
+    (source,) = monitoring["from"]
+    assert set(source) <= {"namespaceSelector", "podSelector"}
+    assert source["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "monitoring"}
+    }
+    ports = [p["port"] for rule in policy["ingress"] for p in rule["ports"]]
+    assert sorted(ports) == sorted([config.listen.port, config.metrics.listen.port])
     assert "Egress" in policy["policyTypes"]
 
 

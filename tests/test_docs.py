@@ -9,10 +9,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _test_sources() -> dict[str, str]:
+    """Test file name (relative to tests/, or a bare stem) -> the sources of
+    every file it may name (a stem may name several: test_admission)."""
     sources: dict[str, str] = {}
-    for path in (REPO / "tests").rglob("test_*.py"):
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        text = path.read_text()
         relative = path.relative_to(REPO / "tests").with_suffix("").as_posix()
-        sources[relative] = sources[path.stem] = path.read_text()
+        sources[relative] = sources.get(relative, "") + text
+        if relative != path.stem:
+            sources[path.stem] = sources.get(path.stem, "") + text
     return sources
 
 

@@ -462,3 +462,20 @@ def test_launch_port_must_equal_base_url_port(tmp_path: Path) -> None:
 def test_model_dir_must_equal_route(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="route"):
         load_config(_write(tmp_path, LAUNCH, route=f"/srv/elsewhere/{BUNDLE}"))
+
+
+def test_fields_of_the_other_launch_form_are_refused_not_ignored() -> None:
+    with pytest.raises(ValueError, match="config_path is for a multi-model launch"):
+        make(config_path="/etc/mistralrs/models.toml")
+    one = {
+        "model_public_id": "org/m",
+        "model_revision": "r1",
+        "model_bundle_sha256": OTHER_BUNDLE,
+        "model_dir": f"/srv/mosaic-models/{OTHER_BUNDLE}",
+    }
+    several = {k: v for k, v in LAUNCH.items() if not k.startswith("model_")}
+    with pytest.raises(ValueError, match="give each model its format"):
+        LaunchConfig.model_validate({**several, "models": [one], "format": "gguf"})
+    assert LaunchConfig.model_validate({**several, "models": [one]}).model_dirs == [
+        one["model_dir"]
+    ]

@@ -169,3 +169,78 @@ async def test_an_id_expires_in_memory_too(tmp_path: Path) -> None:
         assert await responses.entry("acme", "resp_old") is None
     finally:
         catalog.close()
+
+
+class BrokenCatalog(CountingCatalog):
+    """Raises what a translated SQLite error is not (e.g. an integer too big to bind)."""
+
+    def record_responses(self, rows: list[ResponseRow]) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise OverflowError("Python int too large to convert to SQLite INTEGER")
+        super().record_responses(rows)
+
+
+async def test_the_flusher_outlives_an_unexpected_error(tmp_path: Path) -> None:
+    catalog = BrokenCatalog(tmp_path / "cat.sqlite3")
+    catalog.fail = 1
+    responses = ResponseBook(catalog, ttl_s=3600)
+    responses.start()
+    try:
+        responses.note("acme", "resp_odd", "small", None)
+        await _until(lambda: responses.pending == 0)
+        assert catalog.response_entry("acme", "resp_odd") == ("small", None)
+    finally:
+        catalog.fail = 100
+        responses.note("acme", "resp_late", "small", None)
+        assert await responses.aclose(1) == 1  # counted, not raised
+        catalog.close()
+
+
+async def test_ids_no_caller_could_name_are_not_kept(tmp_path: Path) -> None:
+    catalog = CountingCatalog(tmp_path / "cat.sqlite3")
+    responses = ResponseBook(catalog, ttl_s=3600)
+    try:
+        for odd in ("", "resp_" + "x" * 65, "chatcmpl-1", "resp_a/b"):
+            responses.note("acme", odd, "small", None)
+        assert responses.pending == 0
+    finally:
+        catalog.close()
+
+
+async def test_pending_ids_are_bounded_and_expired_ones_pruned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(response_book, "MAX_PENDING_IDS", 3)
+    now = [1000.0]
+    catalog = CountingCatalog(tmp_path / "cat.sqlite3")
+    responses = ResponseBook(catalog, ttl_s=60, clock=lambda: now[0])
+    try:
+        for i in range(3):
+            responses.note("acme", f"resp_{i}", "small", None)
+        responses.note("acme", "resp_over", "small", None)
+        assert responses.pending == 3
+        assert await responses.entry("acme", "resp_over") is None
+        now[0] += 61  # the three expire: room again
+        responses.note("acme", "resp_after", "small", None)
+        assert responses.pending == 1
+        assert await responses.alias("acme", "resp_after") == "small"
+    finally:
+        catalog.close()
+
+
+async def test_a_failed_forget_leaves_the_id_as_it_was(tmp_path: Path) -> None:
+    catalog = CountingCatalog(tmp_path / "cat.sqlite3")
+    responses = ResponseBook(catalog, ttl_s=3600)
+    try:
+        responses.note("acme", "resp_keep", "small", None)
+
+        def refuse(tenant: str, response_id: str) -> None:
+            raise StorageFull()
+
+        catalog.forget_response = refuse  # type: ignore[method-assign]
+        with pytest.raises(StorageFull):
+            await responses.forget("acme", "resp_keep")
+        assert await responses.alias("acme", "resp_keep") == "small"
+    finally:
+        catalog.close()

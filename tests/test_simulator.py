@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -605,3 +606,12 @@ def test_cli_serves_until_sigterm() -> None:
 def test_cli_refuses_a_non_loopback_host(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--host", "0.0.0.0"]) == 2
     assert "loopback" in capsys.readouterr().err
+
+
+def test_the_default_route_is_the_example_configs() -> None:
+    """A newcomer's gateway on fixtures/config/gateway.yaml in front of a bare
+    `mistralrs-gateway simulator` is ready: both name the same route."""
+    from gateway.loader import load_config
+
+    example = Path(__file__).resolve().parents[1] / "fixtures" / "config" / "gateway.yaml"
+    assert load_config(example).workers[0].served_routes == [DEFAULT_MODEL_ID]

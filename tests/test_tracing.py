@@ -104,7 +104,6 @@ def test_request_attributes_follow_the_genai_conventions() -> None:
         "gen_ai.usage.input_tokens": 12,
         "gen_ai.usage.output_tokens": 5,
         "gen_ai.response.finish_reasons": ["stop"],
-        NS + "route": "org/small",
         NS + "upstream": "default",
         NS + "stream": True,
         NS + "outcome": "complete",
@@ -178,6 +177,16 @@ def test_step_ends_its_span_with_what_happened() -> None:
         ("ok", {"error": None, "failed": False}),
         ("refused", {"error": "rate_limited", "failed": False}),
         ("down", {"error": "upstream_unavailable", "failed": True}),
-        ("left", {"error": "cancelled", "failed": False}),
+        ("left", {"error": "canceled", "failed": False}),
         ("bug", {"error": "KeyError", "failed": True}),
     ]
+
+
+def test_a_step_without_tracing_builds_no_span() -> None:
+    with step(NO_SPAN, "gateway.limits", {"a": 1}) as span:
+        assert span is NO_SPAN
+
+
+def test_no_path_in_the_attributes() -> None:
+    receipt = Receipt("req_3", "acme", "svc", "chat.completions", None, route="/srv/models/x")
+    assert "/srv/models/x" not in request_attributes(receipt, "chat").values()

@@ -114,8 +114,19 @@ class LimitsStore(Protocol):
     async def start(self) -> None: ...
 
     async def reserve(
-        self, tenant: str, limits: TenantLimits, tokens: int, *, concurrent: bool = True
-    ) -> Hold: ...
+        self,
+        tenant: str,
+        limits: TenantLimits,
+        tokens: int,
+        *,
+        concurrent: bool = True,
+        wait_s: float = 0.0,
+    ) -> Hold:
+        """Take what one request may use, or raise its refusal. ``wait_s``: how
+        long the request may still wait before its worker call begins (the
+        admission queue); its slot's lease is that much longer, so a live
+        request never outlives its slot."""
+        ...
 
     def settle(self, hold: Hold, used_tokens: int) -> None: ...
 

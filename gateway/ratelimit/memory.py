@@ -105,15 +105,23 @@ class MemoryLimitsStore:
         return slots
 
     async def reserve(
-        self, tenant: str, limits: TenantLimits, tokens: int, *, concurrent: bool = True
+        self,
+        tenant: str,
+        limits: TenantLimits,
+        tokens: int,
+        *,
+        concurrent: bool = True,
+        wait_s: float = 0.0,
     ) -> Hold:
         started = time.perf_counter()
         try:
-            return self._reserve(tenant, limits, tokens, concurrent)
+            return self._reserve(tenant, limits, tokens, concurrent, wait_s)
         finally:
             self._metrics.limits_store_call("reserve", time.perf_counter() - started)
 
-    def _reserve(self, tenant: str, limits: TenantLimits, tokens: int, concurrent: bool) -> Hold:
+    def _reserve(
+        self, tenant: str, limits: TenantLimits, tokens: int, concurrent: bool, wait_s: float
+    ) -> Hold:
         want = charges(limits, tokens, concurrent=concurrent)
         if limits.unlimited:
             return Hold(tenant, limits)
@@ -155,7 +163,7 @@ class MemoryLimitsStore:
         slot = None
         if slots is not None:
             slot = hold_id
-            slots[slot] = now + self._lease_s
+            slots[slot] = now + self._lease_s + wait_s
         return Hold(
             tenant,
             limits,

@@ -63,13 +63,13 @@ from typing import Any, Literal
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from gateway.errors import GatewayError
 from gateway.ratelimit.base import Hold, NullMetrics, StoreMetrics
 from gateway.ratelimit.core import TenantLimits, Verdict, charges, judge
 from gateway.ratelimit.flusher import Flusher
-from gateway.ratelimit.scripts import RESERVE, SETTLE
+from gateway.ratelimit.scripts import PROBE, RESERVE, SETTLE
 
 __all__ = ["RedisLimitsStore", "TenantKeys", "tenant_keys"]
 
@@ -154,8 +154,11 @@ class RedisLimitsStore:
         self._keys: dict[str, TenantKeys] = {}
         self._reserve = client.register_script(RESERVE)
         self._settle = client.register_script(SETTLE)
+        self._probe = client.register_script(PROBE)
         self._healthy = True
         self._dropping = False
+        #: the last batch had settlements the script refused (logged once per episode)
+        self._refusing = False
         self._probe_interval_s = probe_interval_s
         self._prober: asyncio.Task[None] | None = None
         self._flusher: Flusher[_Settlement] = Flusher(
@@ -228,11 +231,12 @@ class RedisLimitsStore:
                 self._failed("probe", exc)
 
     async def probe(self) -> bool:
-        """PING within the timeout; updates ``healthy``."""
+        """A write through a script within the timeout (what a reservation needs:
+        PING alone passes on a read-only or full server); updates ``healthy``."""
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self._timeout_s):
-                await self._client.ping()
+                await self._probe(keys=[self._prefix + "probe"])
         except _STORE_ERRORS as exc:
             self._failed("probe", exc)
             return False
@@ -270,7 +274,13 @@ class RedisLimitsStore:
         return found
 
     async def reserve(
-        self, tenant: str, limits: TenantLimits, tokens: int, *, concurrent: bool = True
+        self,
+        tenant: str,
+        limits: TenantLimits,
+        tokens: int,
+        *,
+        concurrent: bool = True,
+        wait_s: float = 0.0,
     ) -> Hold:
         want = charges(limits, tokens, concurrent=concurrent)
         if limits.unlimited:
@@ -288,7 +298,7 @@ class RedisLimitsStore:
             want.day_tokens,
             (limits.max_concurrent_requests or 0) if want.slot else 0,
             hold_id,
-            self._lease_ms,
+            self._lease_ms + max(0, round(wait_s * 1000)),
             1 if register else 0,
         )
         started = time.perf_counter()
@@ -382,16 +392,24 @@ class RedisLimitsStore:
                     results = await self._settle_all(batch)
         finally:
             self._metrics.limits_store_call("settle", time.perf_counter() - started)
+        # A server state (read-only after a failover, loading, out of memory,
+        # cluster moves: ResponseError's subclasses, NOSCRIPT among them) passes:
+        # the whole batch is retried with backoff, idempotently. Only a plain
+        # ResponseError is the script's own (a bug, a key of the wrong type):
+        # retrying would fail again, so it is counted and dropped.
         for result in results:
-            if isinstance(result, NoScriptError):
+            if isinstance(result, Exception) and type(result) is not ResponseError:
                 raise result
-            if isinstance(result, RedisError):
-                # The script itself failed (a bug, or a key of the wrong type):
-                # retrying would fail again, so it is counted and dropped.
-                self._metrics.limits_store_error("settle")
-                log.error("limits settlement refused by the store: %s", self._why(result))
-            elif isinstance(result, Exception):
-                raise result
+        refused = [r for r in results if type(r) is ResponseError]
+        for _ in refused:
+            self._metrics.limits_store_error("settle")
+        if refused and not self._refusing:
+            log.error(
+                "limits settlements refused by the store (%d in this batch): %s",
+                len(refused),
+                self._why(refused[0]),
+            )
+        self._refusing = bool(refused)
 
     async def _settle_all(self, batch: list[_Settlement]) -> list[Any]:
         # EVALSHA queued as is: a Script in a pipeline costs a SCRIPT EXISTS

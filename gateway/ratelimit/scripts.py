@@ -177,3 +177,11 @@ end
 return {applied, freed}
 """
 )
+
+#: the readiness probe: what a reservation needs (scripts run, writes accepted),
+#: not just that Redis answers (a read-only replica or a full server answers
+#: PING and refuses every reservation). Writes KEYS[1] with a short TTL.
+PROBE = """
+redis.call('SET', KEYS[1], '1', 'PX', 60000)
+return 1
+"""

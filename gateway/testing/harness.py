@@ -7,7 +7,6 @@ tests, so all three exercise the same real stack: a real uvicorn server on
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 import threading
 import time
@@ -19,9 +18,10 @@ import uvicorn
 import yaml
 
 from gateway.loader import Loaded, load_all
+from gateway.testing.simulator.knobs import DEFAULT_MODEL_ID
 from gateway.tracing import Tracing
 
-SIM_ROUTE = "/srv/mosaic-models/" + hashlib.sha256(b"mistralrs-protocol-simulator").hexdigest()
+SIM_ROUTE = DEFAULT_MODEL_ID
 DEMO_SECRET_ENV = "MISTRALRS_GATEWAY_DEV_SECRET"  # noqa: S105 - a variable name
 
 

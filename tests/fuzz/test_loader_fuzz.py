@@ -22,6 +22,7 @@ from gateway.config import GatewayConfig
 from gateway.loader import ConfigError, load_policies, parse_config, parse_yaml, validate_model
 from gateway.policy import TenantPolicy, build_policy_set, check_policy
 from tests.fuzz.budget import budget
+from tests.fuzz.shapes import json_paths
 
 pytestmark = pytest.mark.fuzz
 
@@ -123,17 +124,6 @@ values = st.recursive(
 )
 
 
-def _paths(doc: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix]
-    if isinstance(doc, dict):
-        for key, value in doc.items():
-            out += _paths(value, (*prefix, key))
-    elif isinstance(doc, list):
-        for index, value in enumerate(doc):
-            out += _paths(value, (*prefix, index))
-    return out
-
-
 def _container(doc: Any, path: tuple[Any, ...]) -> Any:
     for key in path[:-1]:
         doc = doc[key]
@@ -145,7 +135,7 @@ def mutated(draw: st.DrawFn, base: dict[str, Any]) -> Any:
     """``base`` with 1-4 edits: delete, retype, misspell or add a key; nothing is shared."""
     doc = copy.deepcopy(base)
     for _ in range(draw(st.integers(1, 4))):
-        paths = _paths(doc)
+        paths = json_paths(doc)
         path = draw(st.sampled_from(paths))
         action = draw(st.sampled_from(["replace", "delete", "rename", "add"]))
         if not path:

@@ -47,6 +47,7 @@ from gateway.apis.response_events import (
 from gateway.errors import GatewayError
 from gateway.sse import NEED_DATA, Done, Framing, KeepAlive
 from tests.fuzz.budget import budget
+from tests.fuzz.shapes import json_paths, split
 from tests.support.sse import RESPONSE_ID, response_object
 
 pytestmark = pytest.mark.fuzz
@@ -109,18 +110,6 @@ def decide(
         decision.error = (exc.code, exc.outcome, exc.message)
         return decision
     raise AssertionError("no decision at EOF")
-
-
-def split(data: bytes, sizes: list[int]) -> list[bytes]:
-    pieces, at = [], 0
-    for size in sizes:
-        if at >= len(data):
-            break
-        pieces.append(data[at : at + size])
-        at += size
-    if at < len(data):
-        pieces.append(data[at:])
-    return pieces
 
 
 def same_whole_and_split(
@@ -453,17 +442,6 @@ def _encode(events: list[tuple[str | None, Any]]) -> bytes:
     return bytes(out)
 
 
-def _paths(doc: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix]
-    if isinstance(doc, dict):
-        for key, value in doc.items():
-            out += _paths(value, (*prefix, key))
-    elif isinstance(doc, list):
-        for index, value in enumerate(doc):
-            out += _paths(value, (*prefix, index))
-    return out
-
-
 @st.composite
 def edited_fixtures(draw: st.DrawFn) -> tuple[str, bytes]:
     """A fixture whose events had 1-2 JSON values replaced or deleted, or a name swapped."""
@@ -484,7 +462,7 @@ def edited_fixtures(draw: st.DrawFn) -> tuple[str, bytes]:
         early = draw(st.integers(0, 9)) == 0
         paths = [
             p
-            for p in _paths(payload)
+            for p in json_paths(payload)
             if 0 < len(p) <= depth and (early or p not in {("type",), ("sequence_number",)})
         ]
         path = draw(st.sampled_from(paths or [()]))

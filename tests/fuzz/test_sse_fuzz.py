@@ -22,6 +22,7 @@ from gateway.apis.chunks import SSEValidator, StreamRules
 from gateway.errors import GatewayError
 from gateway.sse import NEED_DATA, Done
 from tests.fuzz.budget import budget
+from tests.fuzz.shapes import split
 from tests.support.sse import chunk, event, usage
 
 pytestmark = pytest.mark.fuzz
@@ -60,18 +61,6 @@ def _feed(rules: StreamRules, pieces: list[bytes]) -> str:
     raise AssertionError("no decision at EOF")
 
 
-def _split(data: bytes, sizes: list[int]) -> list[bytes]:
-    pieces, at = [], 0
-    for size in sizes:
-        if at >= len(data):
-            break
-        pieces.append(data[at : at + size])
-        at += size
-    if at < len(data):
-        pieces.append(data[at:])
-    return pieces
-
-
 SIZES = st.lists(st.integers(1, 97), max_size=40)
 KIND = st.sampled_from(["chat", "completion"])
 LOADER = st.sampled_from(sorted(LOADERS))
@@ -80,7 +69,7 @@ LOADER = st.sampled_from(sorted(LOADERS))
 @budget(150)
 @given(data=st.binary(max_size=2048), sizes=SIZES, kind=KIND, loader=LOADER)
 def test_random_bytes(data: bytes, sizes: list[int], kind: str, loader: str) -> None:
-    _feed(_rules(kind, loader), _split(data, sizes))
+    _feed(_rules(kind, loader), split(data, sizes))
 
 
 @budget(200)
@@ -109,7 +98,7 @@ def test_mutated_fixtures(
     mutated = bytes(data)
     rules = _rules("chat", loader)
     # The decision never depends on how the bytes were split.
-    assert _feed(rules, _split(mutated, sizes)) == _feed(rules, [mutated])
+    assert _feed(rules, split(mutated, sizes)) == _feed(rules, [mutated])
 
 
 @budget(100)
@@ -126,4 +115,4 @@ def test_long_and_multiline_events_stay_bounded(
     body = event(chunk(text)).rstrip(b"\n")
     data = b"\n".join([body] * lines) + tail + event(chunk("", "stop", usage(1)))
     data += b"data: [DONE]\n\n"
-    _feed(_rules("chat", "orjson"), _split(data, sizes))
+    _feed(_rules("chat", "orjson"), split(data, sizes))

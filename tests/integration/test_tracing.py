@@ -21,7 +21,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from gateway.testing.harness import write_config
 from gateway.tracing import NS
-from tests.support.process import serve, sim_running, wait_ready, wait_until
+from tests.support.process import Served, serve, sim_running, wait_ready, wait_until
 from tests.support.stack import chat_body, issuers, policies, worker_posts
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
@@ -106,23 +106,31 @@ def _config(tmp: Path, port: int) -> Path:
     )
 
 
+def _chat(served: Served, count: int = 1, **extra: Any) -> list[httpx.Response]:
+    """Once the replica is ready, ``count`` chat requests of ``extra`` (body
+    fields, and ``headers``), each answered 200."""
+    headers = {"authorization": f"Bearer {served.dev_token()}", **extra.pop("headers", {})}
+    with httpx.Client(base_url=served.url, timeout=10) as client:
+        wait_ready(client)
+        responses = [
+            client.post("/v1/chat/completions", json=chat_body(**extra), headers=headers)
+            for _ in range(count)
+        ]
+    assert [r.status_code for r in responses] == [200] * count
+    return responses
+
+
 def test_serve_exports_the_callers_trace_over_otlp(tmp_path: Path) -> None:
     with otlp_receiver() as (endpoint, received), sim_running() as sim:
         env = _env(endpoint, OTEL_RESOURCE_ATTRIBUTES="deployment.environment.name=test")
         env.pop("OTEL_SERVICE_NAME", None)
         with serve(_config(tmp_path, sim.port), tmp_path, env) as served:
-            token = served.dev_token()
-            with httpx.Client(base_url=served.url, timeout=10) as client:
-                wait_ready(client)
-                response = client.post(
-                    "/v1/chat/completions",
-                    json=chat_body("hi [[sim chunks=4]]", stream=True),
-                    headers={
-                        "authorization": f"Bearer {token}",
-                        "traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01",
-                    },
-                )
-            assert response.status_code == 200
+            [response] = _chat(
+                served,
+                text="hi [[sim chunks=4]]",
+                stream=True,
+                headers={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"},
+            )
             request_id = response.headers["x-request-id"]
             wait_until(
                 lambda: any(
@@ -157,15 +165,7 @@ def test_sigterm_exports_the_spans_still_batched(tmp_path: Path) -> None:
     with otlp_receiver() as (endpoint, received), sim_running() as sim:
         env = _env(endpoint, OTEL_BSP_SCHEDULE_DELAY="600000", OTEL_SERVICE_NAME="gw-test")
         with serve(_config(tmp_path, sim.port), tmp_path, env) as served:
-            token = served.dev_token()
-            with httpx.Client(base_url=served.url, timeout=10) as client:
-                wait_ready(client)
-                response = client.post(
-                    "/v1/chat/completions",
-                    json=chat_body("hi"),
-                    headers={"authorization": f"Bearer {token}"},
-                )
-            assert response.status_code == 200
+            [response] = _chat(served)
             assert not received.named("chat gemma-4-mm")
             served.signal(signal.SIGTERM)
             assert served.proc.wait(15) == 0
@@ -198,18 +198,47 @@ def test_the_collector_being_down_costs_no_request(tmp_path: Path) -> None:
     with sim_running() as sim:
         env = _env(endpoint, OTEL_EXPORTER_OTLP_TIMEOUT="1")
         with serve(_config(tmp_path, sim.port), tmp_path, env) as served:
-            token = served.dev_token()
-            with httpx.Client(base_url=served.url, timeout=10) as client:
-                wait_ready(client)
-                statuses = [
-                    client.post(
-                        "/v1/chat/completions",
-                        json=chat_body("hi"),
-                        headers={"authorization": f"Bearer {token}"},
-                    ).status_code
-                    for _ in range(5)
-                ]
-            assert statuses == [200] * 5
+            _chat(served, 5)
             served.signal(signal.SIGTERM)
             assert served.proc.wait(15) == 0
         assert "Traceback" not in served.stderr_text()
+
+
+def test_a_collector_that_never_answers_does_not_hold_the_shutdown(tmp_path: Path) -> None:
+    """It accepts connections and reads, never replies; the exporter's own
+    timeout (10 s by default) is left as it is. The drain and the bounded
+    tracing close end the process well inside a termination grace."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            held.append(conn)  # never answered
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    endpoint = f"http://127.0.0.1:{listener.getsockname()[1]}/v1/traces"
+    try:
+        with sim_running() as sim:
+            env = _env(endpoint)
+            with serve(_config(tmp_path, sim.port), tmp_path, env) as served:
+                _chat(served, 20)
+                wait_until(lambda: bool(held), 5, "the exporter connected to the collector")
+                served.signal(signal.SIGTERM)
+                # The bound, not a timing figure: drain (nothing in flight) plus
+                # tracing close (2 s) plus the rest of the shutdown.
+                assert served.proc.wait(8) == 0
+    finally:
+        stop.set()
+        thread.join(5)
+        for conn in held:
+            conn.close()
+        listener.close()

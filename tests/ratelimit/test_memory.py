@@ -339,3 +339,15 @@ async def test_an_unsettled_slot_expires_with_its_lease(
     # its tokens stay charged: 400 + 500, not a full bucket
     error = await refused(limiter, None, 1000, 1000, conc=1)
     assert error.headers["x-ratelimit-remaining-tokens"] == "900"
+
+
+async def test_a_slot_lasts_its_admission_wait_longer(
+    limiter: MemoryLimitsStore, clock: FakeClock
+) -> None:
+    """A request that may still queue for admission keeps its slot for that long
+    beyond the lease: a live request never outlives its slot."""
+    await limiter.reserve("acme", lim(conc=1), 1, wait_s=20)
+    clock.now += 30  # the lease alone
+    assert limiter.active_slots("acme") == 1
+    clock.now += 20  # and the wait
+    assert limiter.active_slots("acme") == 0

@@ -28,9 +28,13 @@ async def replicas(make: StoreFactory, n: int = 3) -> list[RedisLimitsStore]:
 
 
 def all_keys(server: RedisServer) -> dict[str, int]:
-    """Every key in the server with its PTTL (ms; -1 = none)."""
+    """Every tenant key in the server with its PTTL (ms; -1 = none); the
+    readiness probe's own key is checked on its own."""
     with server.client() as client:
-        return {k.decode(): int(client.pttl(k)) for k in client.scan_iter(count=1000)}
+        found = {k.decode(): int(client.pttl(k)) for k in client.scan_iter(count=1000)}
+    probe = found.pop("mrgw:probe", None)
+    assert probe is None or 0 < probe <= 60_000  # the probe's key has a TTL too
+    return found
 
 
 async def test_replicas_admit_exactly_rpm_in_a_burst(redis_stores: StoreFactory) -> None:
@@ -192,6 +196,60 @@ TRICKY_TENANTS = [
     "\x00",
     "🦀",
 ]
+
+
+async def test_a_slot_lasts_its_admission_wait_longer(
+    redis_stores: StoreFactory, shared_redis: RedisServer
+) -> None:
+    store = await redis_stores(lease_s=30)
+    await store.reserve("acme", TenantLimits(max_concurrent_requests=1), 1, wait_s=20)
+    with shared_redis.client() as client:
+        [(_, expires_ms)] = client.zrange(
+            tenant_keys("mrgw:", "acme").slots, 0, -1, withscores=True
+        )
+        seconds, micros = client.time()
+        server_ms = seconds * 1000 + micros // 1000
+    assert 49_000 < expires_ms - server_ms <= 50_000  # lease 30 s + wait 20 s
+
+
+async def test_the_probe_needs_writes_not_just_an_answer(
+    redis_stores: StoreFactory, shared_redis: RedisServer
+) -> None:
+    """A Redis that answers PING but refuses writes (a full server under
+    noeviction, a read-only replica) refuses every reservation: the probe says so."""
+    store = await redis_stores()
+    assert await store.probe() and store.healthy
+    with shared_redis.client() as client:
+        client.config_set("maxmemory", "1")
+        try:
+            assert client.ping()
+            assert not await store.probe()
+            assert not store.healthy
+        finally:
+            client.config_set("maxmemory", "0")
+    assert await store.probe() and store.healthy
+
+
+async def test_a_read_only_server_keeps_settlements_queued_until_it_is_writable(
+    redis_stores: StoreFactory, shared_redis: RedisServer
+) -> None:
+    """After a failover the old primary answers READONLY: settlements are retried,
+    not dropped, so the slot comes back once the server takes writes again."""
+    store = await redis_stores()
+    limits = TenantLimits(max_concurrent_requests=1)
+    hold = await store.reserve("acme", limits, 1)
+    with shared_redis.client() as client:
+        client.execute_command("REPLICAOF", "127.0.0.1", "1")  # nothing listens: read-only
+        try:
+            store.settle(hold, 1)
+            assert not await store.flush(0.5)
+            assert store.pending_settlements == 1
+            assert not store.healthy
+        finally:
+            client.execute_command("REPLICAOF", "NO", "ONE")
+    assert await store.flush(5)
+    again = await store.reserve("acme", limits, 1)  # the slot came back
+    await settled(store, again, 1)
 
 
 async def test_tenant_names_never_share_keys(

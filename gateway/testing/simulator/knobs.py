@@ -25,12 +25,18 @@ typo, so a test never passes on a fault that did nothing.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-DEFAULT_MODEL_ID = "/srv/mosaic-models/" + "0" * 64
+#: the route the simulator serves unless told: the one the example configs
+#: (fixtures/config/gateway.yaml, the demo, the tests) point at, so that a
+#: newcomer's gateway in front of a bare `mistralrs-gateway simulator` is ready
+DEFAULT_MODEL_ID = (
+    "/srv/mosaic-models/" + hashlib.sha256(b"mistralrs-protocol-simulator").hexdigest()
+)
 SIMULATOR_HEADER = ("x-simulator", "mistralrs-protocol-simulator")
 MAX_BODY_BYTES = 50 * 1024 * 1024
 FINISHES = frozenset({"stop", "length", "tool_calls", "canceled"})
