@@ -56,6 +56,13 @@ EXTERNAL = {
     "for": "a shell loop over a cluster's pods (kubectl)",
     "done": "ends that loop",
 }
+#: pages whose shell blocks are scripts (heredocs, variables, servers they
+#: start and stop), each run whole by the test named; here only their
+#: ``mistralrs-gateway`` commands are taken from those blocks
+RUN_WHOLE = {
+    "docs/identity.md": "tests/test_docs_identity.py",
+    "docs/worker-image.md": "tests/test_worker_image.py",
+}
 PLACEHOLDERS = {"<dir>": "bundle", "<worker-image>": "worker-image"}
 #: whole-word placeholders of the README's command table
 WORDS = {
@@ -128,15 +135,15 @@ def _variants(text: str, bundle: Path) -> list[str]:
 
 
 def _segments(tokens: list[str]) -> list[list[str]]:
-    """The commands of a line: each side of ``&&`` and ``;``, the first of a
-    pipeline, nothing after a redirection."""
+    """The commands of a line: each side of ``&&``, ``||`` and ``;``, the first
+    of a pipeline, nothing after a redirection."""
     segments: list[list[str]] = [[]]
     skipping = False
     for token in tokens:
-        if token in {"&&", ";"}:
+        if token in {"&&", "||", ";"}:
             segments.append([])
             skipping = False
-        elif token in {"|", ">", ">>"}:
+        elif token in {"|", ">", ">>"} or re.fullmatch(r"\d?>>?(&\d)?", token):
             skipping = True
         elif not skipping:
             segments[-1].append(token)
@@ -158,11 +165,22 @@ def _commands(bundle: Path) -> list[Command]:
     for path in DOCS:
         markdown = path.read_text()
         doc = path.relative_to(REPO).as_posix()
-        for text in [*_shell_lines(markdown), *_inline(markdown)]:
+        lines = _shell_lines(markdown)
+        if doc in RUN_WHOLE:
+            lines = [line for line in lines if line.startswith("mistralrs-gateway ")]
+        for text in [*lines, *_inline(markdown)]:
             for variant in _variants(text, bundle):
                 for segment in _segments(shlex.split(variant, comments=True)):
+                    if doc in RUN_WHOLE and segment[0] != "mistralrs-gateway":
+                        continue
                     found += _argvs(doc, text, segment, bundle)
     return list(dict.fromkeys(found))
+
+
+def test_pages_run_whole_have_their_test() -> None:
+    for doc, test in RUN_WHOLE.items():
+        assert (REPO / doc).is_file(), doc
+        assert doc.removeprefix("docs/") in (REPO / test).read_text(), (doc, test)
 
 
 def _argvs(doc: str, text: str, tokens: list[str], bundle: Path) -> list[Command]:

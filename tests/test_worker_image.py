@@ -91,15 +91,19 @@ def config() -> GatewayConfig:
     return load_config(DEPLOY / "gateway.yaml")
 
 
-@pytest.fixture(scope="module")
-def worker() -> Doc:
-    """The worker container of deploy/k8s.yaml (read, never edited here)."""
+def deployment_pod() -> Doc:
+    """The pod template of deploy/k8s.yaml (read, never edited here)."""
     docs = [d for d in yaml.safe_load_all((DEPLOY / "k8s.yaml").read_text()) if d]
     (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
-    (container,) = [
-        c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "worker"
-    ]
-    return dict(container)
+    return dict(deployment["spec"]["template"]["spec"])
+
+
+@pytest.fixture(scope="module")
+def workers() -> list[Doc]:
+    """The pod's worker containers: those that run the mistral.rs binary."""
+    found = [dict(c) for c in deployment_pod()["containers"] if c["command"][:1] == [BINARY]]
+    assert found, "deploy/k8s.yaml runs no worker"
+    return found
 
 
 def test_the_image_pins_the_release_every_launch_names(config: GatewayConfig) -> None:
@@ -165,7 +169,7 @@ def test_cpu_and_cuda_variants_by_build_arg() -> None:
     assert 'MISTRALRS_FEATURES=""' in " ".join(r for i, r in found["build-cpu"] if i == "ENV")
 
 
-def test_the_image_runs_the_binary_as_a_numeric_non_root_user(worker: Doc) -> None:
+def test_the_image_runs_the_binary_as_a_numeric_non_root_user(workers: list[Doc]) -> None:
     final = stages()[""]
     users = [r for i, r in final if i == "USER"]
     assert users, "the image sets its user"
@@ -175,16 +179,38 @@ def test_the_image_runs_the_binary_as_a_numeric_non_root_user(worker: Doc) -> No
     assert len(names) - 1 - names[::-1].index("USER") > max(
         n for n, name in enumerate(names) if name == "RUN"
     )
-    # The pod runs it as the same uid, so nothing in the image depends on another.
-    assert worker["securityContext"]["runAsUser"] == int(uid)
-    assert worker["securityContext"]["runAsGroup"] == int(gid)
-    assert worker["securityContext"]["runAsNonRoot"] is True
+    # Each worker sets its own numeric uid, so nothing depends on the image's
+    # passwd; the image's own is one of them.
+    uids = set()
+    for worker in workers:
+        context = worker["securityContext"]
+        assert context["runAsNonRoot"] is True
+        assert isinstance(context["runAsUser"], int) and context["runAsUser"] > 0
+        assert isinstance(context["runAsGroup"], int) and context["runAsGroup"] > 0
+        uids.add(context["runAsUser"])
+    assert int(uid) in uids
 
 
-def test_the_image_needs_no_shell_at_run_time(worker: Doc) -> None:
+def test_each_worker_image_is_a_variant_of_this_build(
+    workers: list[Doc], config: GatewayConfig
+) -> None:
+    version = global_args()["MISTRALRS_VERSION"]
+    devices = {launch.device for launch in launches(config)}
+    variants = set()
+    for worker in workers:
+        match = re.fullmatch(
+            rf"\S+/mistralrs:{re.escape(version)}-(cpu|cuda)@sha256:[0-9a-f]{{64}}", worker["image"]
+        )
+        assert match, worker["image"]
+        variants.add(match.group(1))
+    # The CUDA build serves `device: cuda`, the CPU build `device: cpu`.
+    assert variants == devices - {"metal"}
+
+
+def test_the_image_needs_no_shell_at_run_time(workers: list[Doc]) -> None:
     final = stages()[""]
     assert [json.loads(r) for i, r in final if i == "ENTRYPOINT"] == [[BINARY]]
-    assert worker["command"] == [BINARY]
+    assert all(worker["command"] == [BINARY] for worker in workers)
     assert not [r for i, r in final if i == "CMD"]
     for instruction, rest in final:
         if instruction == "RUN":
@@ -294,11 +320,10 @@ def test_the_job_is_the_only_writer_of_the_model_volume(fill_docs: list[Doc]) ->
     assert others >= 1, "the workers mount the model volume somewhere in deploy/"
 
 
-def test_the_job_writes_where_the_worker_reads(fill_docs: list[Doc], worker: Doc) -> None:
+def test_the_job_writes_where_the_workers_read(fill_docs: list[Doc]) -> None:
     (mount,) = claim_mounts(job(fill_docs)["spec"]["template"]["spec"], "mosaic-models")[1]
-    docs = [d for d in yaml.safe_load_all((DEPLOY / "k8s.yaml").read_text()) if d]
-    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
-    worker_mounts = claim_mounts(deployment["spec"]["template"]["spec"], "mosaic-models")[1]
+    worker_mounts = claim_mounts(deployment_pod(), "mosaic-models")[1]
+    assert worker_mounts
     assert {m["mountPath"] for m in worker_mounts} == {mount["mountPath"]}
     env = {e["name"]: e["value"] for e in fill_container(fill_docs)["env"]}
     assert env["MODELS_ROOT"] == mount["mountPath"]
@@ -334,7 +359,13 @@ def test_the_job_runs_locked_down(fill_docs: list[Doc]) -> None:
     assert spec["backoffLimit"] == 0 and pod["restartPolicy"] == "Never"
     assert pod["automountServiceAccountToken"] is False
     assert pod["securityContext"]["runAsNonRoot"] is True
-    assert pod["securityContext"]["runAsUser"] not in (0, 10001, 10002)
+    # Its own uid: not root, and none that a container of the serving pod runs as.
+    taken = {
+        c["securityContext"]["runAsUser"]
+        for c in deployment_pod()["containers"]
+        if "runAsUser" in c.get("securityContext", {})
+    }
+    assert pod["securityContext"]["runAsUser"] not in {0, *taken}
     container = fill_container(fill_docs)
     ctx = container["securityContext"]
     assert ctx["readOnlyRootFilesystem"] is True and ctx["allowPrivilegeEscalation"] is False
