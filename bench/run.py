@@ -363,11 +363,13 @@ def _ratios(direct: dict[str, Any], gateway: dict[str, Any]) -> dict[str, float 
 
 
 def _targets(results: dict[str, Any]) -> list[dict[str, Any]]:
-    def check(name: str, scenario: str, figure: str, limit: float, ratio: bool) -> dict[str, Any]:
+    def check(
+        name: str, scenario: str, figure: str, limit: float, ratio: bool
+    ) -> dict[str, Any] | None:
         entry = results.get(scenario)
-        value = None
-        if entry is not None:
-            value = (entry["ratio"] if ratio else entry["gateway"]).get(figure)
+        if entry is None:  # not run (--only): neither met nor missed
+            return None
+        value = (entry["ratio"] if ratio else entry["gateway"]).get(figure)
         return {
             "target": name,
             "value": value,
@@ -375,20 +377,27 @@ def _targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             "met": value is not None and value <= limit,
         }
 
-    targets = [
+    checked = [
         check("latency: gateway CPU s / 1000 req", "latency", "cpu_s_per_1000", 1.0, False),
         check("throughput: gateway CPU s / 1000 req", "throughput", "cpu_s_per_1000", 2.0, False),
         check("latency: TTFT p50 x direct", "latency", "ttft_p50_ms", 6.0, True),
         check("slow: stream p50 x direct", "slow", "stream_p50_ms", 1.05, True),
         check("slow: TTFT p99 x direct", "slow", "ttft_p99_ms", 3.0, True),
         check("slow: gateway peak RSS MB", "slow", "peak_rss_mb", 120.0, False),
+        *_responses_vs_chat(results),
     ]
-    targets += _responses_vs_chat(results)
+    targets = [t for t in checked if t is not None]
     slow = results.get("slow")
-    complete = slow is not None and slow["gateway"]["ok"] == slow["params"]["total"]
-    targets.append(
-        {"target": "slow: all streams complete", "value": complete, "limit": True, "met": complete}
-    )
+    if slow is not None:
+        complete = slow["gateway"]["ok"] == slow["params"]["total"]
+        targets.append(
+            {
+                "target": "slow: all streams complete",
+                "value": complete,
+                "limit": True,
+                "met": complete,
+            }
+        )
     errors = sum(e["direct"]["errors"] + e["gateway"]["errors"] for e in results.values())
     targets.append(
         {"target": "no errors, every stream [DONE]", "value": errors, "limit": 0, "met": not errors}
@@ -396,7 +405,7 @@ def _targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     return targets
 
 
-def _responses_vs_chat(results: dict[str, Any]) -> list[dict[str, Any]]:
+def _responses_vs_chat(results: dict[str, Any]) -> list[dict[str, Any] | None]:
     """Responses costs the gateway about what chat does: its CPU per 1000 streams,
     and its TTFT p50 ratio to direct, each within 1.25x of the chat scenario's
     figure in the same run (same concurrency, count and chunks)."""
@@ -411,7 +420,10 @@ def _responses_vs_chat(results: dict[str, Any]) -> list[dict[str, Any]]:
             return None
         return round(value / base, 3)
 
-    def target(name: str, value: float | None) -> dict[str, Any]:
+    def target(name: str, scenario: str, figure: str, side: str) -> dict[str, Any] | None:
+        if scenario not in results or dict(RESPONSES_VS_CHAT)[scenario] not in results:
+            return None  # not run (--only)
+        value = ratio(scenario, side, figure)
         return {
             "target": name,
             "value": value,
@@ -422,15 +434,21 @@ def _responses_vs_chat(results: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         target(
             "responses_latency: gateway CPU s / 1000 x chat's",
-            ratio("responses_latency", "gateway", "cpu_s_per_1000"),
+            "responses_latency",
+            "cpu_s_per_1000",
+            "gateway",
         ),
         target(
             "responses_throughput: gateway CPU s / 1000 x chat's",
-            ratio("responses_throughput", "gateway", "cpu_s_per_1000"),
+            "responses_throughput",
+            "cpu_s_per_1000",
+            "gateway",
         ),
         target(
             "responses_latency: TTFT p50 x direct, x chat's",
-            ratio("responses_latency", "ratio", "ttft_p50_ms"),
+            "responses_latency",
+            "ttft_p50_ms",
+            "ratio",
         ),
     ]
 

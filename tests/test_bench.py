@@ -11,7 +11,7 @@ from pathlib import Path
 
 import orjson
 
-from bench.run import RATIO_KEYS
+from bench.run import RATIO_KEYS, _targets
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = {
@@ -63,6 +63,24 @@ def test_quick_bench_reports_every_scenario_without_errors(tmp_path: Path) -> No
         "no errors, every stream [DONE]",
     }
     assert all(set(t) == {"target", "value", "limit", "met"} for t in targets)
+
+
+def test_only_the_scenarios_run_are_judged() -> None:
+    """``--only latency`` judges latency's targets and the error count, and
+    reports no target of a scenario it did not run as missed."""
+    figures = {"cpu_s_per_1000": 0.9, "ttft_p50_ms": 1.2, "errors": 0}
+    results = {
+        "latency": {
+            "direct": {"errors": 0},
+            "gateway": figures,
+            "ratio": {"cpu_s_per_1000": 3.0, "ttft_p50_ms": 4.0},
+        }
+    }
+    assert {(t["target"], t["met"]) for t in _targets(results)} == {
+        ("latency: gateway CPU s / 1000 req", True),
+        ("latency: TTFT p50 x direct", True),
+        ("no errors, every stream [DONE]", True),
+    }
 
 
 def test_quick_media_bench_runs_and_reports_each_scenario() -> None:
