@@ -149,7 +149,10 @@ def _by_hand(config: Path, sim_port: int, report: dict[str, Any]) -> dict[str, A
         f"--chunks {_SIM_CHUNKS} --delay-ms {_SIM_DELAY_MS} &"
     )
     return {
-        "note": "run from one shell; the evidence ids above stay valid (same staging dir)",
+        "note": (
+            "run from one shell with mistralrs-gateway on PATH (after make demo:"
+            " . .venv/bin/activate); the evidence ids above stay valid (same staging dir)"
+        ),
         "commands": [
             f'export {DEMO_SECRET_ENV}="{_SHELL_NEW_KEY}"',
             simulator,

@@ -84,6 +84,13 @@ def _wait_line(path: Path, proc: subprocess.Popen[bytes], pattern: str) -> re.Ma
     raise AssertionError(f"no {pattern!r} in time")
 
 
+def test_the_by_hand_commands_say_where_the_program_comes_from(demo: dict[str, Any]) -> None:
+    # make demo installs into .venv and puts nothing on PATH: the commands name
+    # mistralrs-gateway bare, so the note says how to get it there.
+    note = demo["repeat"]["note"]
+    assert "PATH" in note and ". .venv/bin/activate" in note
+
+
 def test_the_by_hand_commands_repeat_the_run(demo: dict[str, Any], tmp_path: Path) -> None:
     commands = demo["repeat"]["commands"]
     simulator, served = shlex.split(commands[1]), shlex.split(commands[2])
