@@ -46,6 +46,24 @@ log = logging.getLogger("gateway")
 _LIMITS_CLOSE_S = 5.0
 #: how long a shutdown waits for spans still to be exported
 _TRACING_CLOSE_S = 2.0
+#: how long a drain waits for the requests it ended to hand in their receipts
+_ENDED_WAIT_S = 5.0
+
+
+def shutdown_bound_s(config: GatewayConfig) -> float:
+    """The longest a SIGTERM can take to exit 0 when every store fails at once
+    (a full audit disk, a dead catalog, Redis down, a silent collector): the
+    pod's ``terminationGracePeriodSeconds`` must cover it, or what the later
+    waits still hold is lost to the SIGKILL."""
+    flush = config.audit.flush_timeout_s
+    return (
+        config.listen.shutdown_grace_s
+        + _ENDED_WAIT_S
+        + flush  # receipts (drain)
+        + flush  # Responses ids (close_runtime)
+        + _LIMITS_CLOSE_S
+        + _TRACING_CLOSE_S
+    )
 
 
 @dataclass(eq=False)
@@ -147,7 +165,7 @@ class Runtime:
         await _wait_done(list(self.inflight), grace_s)
         for exchange in list(self.inflight):
             exchange.cancel(shutdown=True)
-        await _wait_done(list(self.inflight), 5)
+        await _wait_done(list(self.inflight), _ENDED_WAIT_S)
         unwritten = await self.receipts.aclose(self.config.audit.flush_timeout_s)
         log.info("drain: done, %d receipts could not be written", unwritten)
 

@@ -28,6 +28,7 @@ from gateway.kustomize import policies_generator
 from gateway.launch import build_plan, check_argv, launch_plan_json
 from gateway.loader import Loaded, load_all, policy_files
 from gateway.ratelimit import RedisLimitsStore, TenantLimits
+from gateway.runtime import shutdown_bound_s
 from tests.support.redis import REDIS_SERVER, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -333,7 +334,8 @@ def test_only_a_cuda_worker_takes_a_gpu(pod: Doc, config: GatewayConfig, name: s
 
 def test_grace_period_outlasts_the_drain(pod: Doc, config: GatewayConfig) -> None:
     grace = pod["terminationGracePeriodSeconds"]
-    assert grace > config.listen.shutdown_grace_s
+    # Every bounded wait of a SIGTERM fits, every store failing at once included.
+    assert grace >= shutdown_bound_s(config) > config.listen.shutdown_grace_s
     # Each worker's SIGTERM waits for the drain but not for the whole grace period.
     for worker in workers(pod):
         sleep = worker["lifecycle"]["preStop"]["sleep"]["seconds"]
