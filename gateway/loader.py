@@ -176,7 +176,38 @@ def config_warnings(config: GatewayConfig) -> list[str]:
 
 
 def load_all(path: Path) -> Loaded:
-    """Config then policies; every error from both in one ConfigError."""
-    config = load_config(path)
+    """Config then policies; every error from both in one ConfigError.
+
+    An invalid config still has its policy files checked on their own (their
+    keys and types; what needs the config, such as routes, waits for a valid
+    one), so one run names the mistakes of both."""
+    config = load_config_with_policy_errors(path)
     policies = load_policies(config)
     return Loaded(config, policies, path, tuple(config_warnings(config)))
+
+
+def load_config_with_policy_errors(path: Path) -> GatewayConfig:
+    """:func:`load_config`; when the config is invalid, its ConfigError also
+    lists the schema errors of the policy files its ``policies_dir`` names."""
+    data = read_yaml(path)
+    base_dir = path.resolve().parent
+    try:
+        return parse_config(data, str(path), base_dir)
+    except ConfigError as exc:
+        raise ConfigError(exc.errors + _policy_schema_errors(data, base_dir)) from exc
+
+
+def _policy_schema_errors(data: dict[str, Any], base_dir: Path) -> list[str]:
+    raw = data.get("policies_dir", "policies")
+    if not isinstance(raw, str):
+        return []  # the config's own error names it
+    directory = Path(raw) if Path(raw).is_absolute() else base_dir / raw
+    if not directory.is_dir():
+        return []  # reported once the config is valid
+    errors: list[str] = []
+    for file in policy_files(directory):
+        try:
+            validate_model(TenantPolicy, read_yaml(file), str(file), directory)
+        except ConfigError as exc:
+            errors.extend(exc.errors)
+    return errors

@@ -42,7 +42,13 @@ from pydantic import BaseModel
 from gateway.auth.keys import KeyFetchError, check_jwks_url, hs256_secret, parse_jwks
 from gateway.config import GatewayConfig, IssuerConfig, LaunchConfig, TLSConfig
 from gateway.digests import placeholder_reason
-from gateway.loader import ConfigError, Loaded, config_warnings, load_config, load_policies
+from gateway.loader import (
+    ConfigError,
+    Loaded,
+    config_warnings,
+    load_config_with_policy_errors,
+    load_policies,
+)
 from gateway.policy import PolicySet
 from gateway.ratelimit.factory import store_password
 
@@ -342,7 +348,7 @@ def load_checked(path: Path, env: Mapping[str, str]) -> Checked:
 
     Every error of the files and the policies is collected, so one run lists them all.
     """
-    config = load_config(path)
+    config = load_config_with_policy_errors(path)
     findings = preflight(config, env)
     errors = [str(f) for f in errors_of(findings)]
     warnings = [*config_warnings(config), *(str(f) for f in findings if f.level == "warning")]

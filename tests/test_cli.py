@@ -48,6 +48,22 @@ def test_check_reports_every_bad_policy(tmp_path: Path, capsys: pytest.CaptureFi
     assert "beta.yaml: limits.max_output_tokens" in err
 
 
+def test_check_names_policy_mistakes_beside_the_configs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A broken config does not hide a broken policy: both in one run."""
+    shutil.copytree(FIXTURES.parent / "keys", tmp_path / "keys")
+    config = (FIXTURES / "gateway.yaml").read_text().replace("../../policies", "policies")
+    config = config.replace("../keys/", "keys/").replace("admission:", "admision:", 1)
+    (tmp_path / "gateway.yaml").write_text(config)
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "acme.yaml").write_text("tenant: acme\nmodles: {}\n")
+    assert main(["check", "--config", str(tmp_path / "gateway.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert "gateway.yaml: admision" in err
+    assert "acme.yaml: modles" in err
+
+
 def test_token_prints_only_a_jwt(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
