@@ -91,10 +91,19 @@ def parse_yaml(text: str, origin: str) -> dict[str, Any]:
     return data
 
 
+def dotted_key(loc: tuple[int | str, ...]) -> str:
+    """``("auth", "issuers", 0, "audience")`` -> ``auth.issuers[0].audience``,
+    the form ``check``'s file findings use too."""
+    key = ""
+    for part in loc:
+        key += f"[{part}]" if isinstance(part, int) else (f".{part}" if key else str(part))
+    return key
+
+
 def validation_errors(origin: str, exc: ValidationError) -> list[str]:
     out = []
     for err in exc.errors(include_input=False, include_url=False):
-        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        key = dotted_key(err["loc"]) or "(top level)"
         out.append(f"{origin}: {key}: {err['msg']}")
     return out
 

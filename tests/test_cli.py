@@ -132,3 +132,13 @@ def test_token_chooses_the_issuer(capsys: pytest.CaptureFixture[str]) -> None:
     assert (claims["tenant"], claims["scope"]) == ("globex", "evidence")
     assert main([*argv, "--issuer", "https://idp.test"]) == 1  # an RS256 issuer cannot mint
     assert "no HS256" in capsys.readouterr().err
+
+
+def test_check_writes_list_positions_as_its_file_findings_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = (FIXTURES / "gateway.yaml").read_text()
+    (tmp_path / "gateway.yaml").write_text(config.replace("algorithms:", "algoritms:", 1))
+    assert main(["check", "--config", str(tmp_path / "gateway.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert "auth.issuers[0].algoritms" in err and "issuers.0" not in err
