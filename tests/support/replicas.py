@@ -34,6 +34,8 @@ HANG = "[[sim first_delay_ms=120000 keepalive_ms=0]]"
 
 #: local admission never the bottleneck: these tests are about the shared limits
 CAPACITY = 64
+#: the tenants' admission.queue_timeout_s: a slot's lease covers it (spec §15 + the wait)
+QUEUE_TIMEOUT_S = 5
 
 
 def tenant_policy(name: str, **limits: int) -> dict[str, Any]:
@@ -41,7 +43,7 @@ def tenant_policy(name: str, **limits: int) -> dict[str, Any]:
     return default_policy(
         name,
         limits={"max_output_tokens": 1024, **limits},
-        admission={"share": 1, "max_permits": CAPACITY, "queue_timeout_s": 5},
+        admission={"share": 1, "max_permits": CAPACITY, "queue_timeout_s": QUEUE_TIMEOUT_S},
     )
 
 
