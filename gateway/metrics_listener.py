@@ -4,7 +4,10 @@ A scrape port apart from the callers' port (which then has no ``/metrics``)
 lets a NetworkPolicy open it to the monitoring namespace only. The listener
 speaks just enough HTTP/1.1: one ``GET <metrics.path>`` per connection, a
 head of at most :data:`_MAX_HEAD` bytes read within :data:`_HEAD_TIMEOUT_S`
-(a longer or slower head is just closed), then the answer and close.
+(a longer or slower head is just closed), then the answer and close, written
+within :data:`_WRITE_TIMEOUT_S` (a scraper that stops reading is cut: the
+exposition can be far larger than the socket buffers, and a write nobody
+reads would otherwise hold the connection and its copy of the payload forever).
 Anything else is 404 (405 for another method on the path); nothing here
 reads a body.
 """
@@ -12,7 +15,6 @@ reads a body.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -21,6 +23,8 @@ log = logging.getLogger("gateway.metrics")
 
 _MAX_HEAD = 8192
 _HEAD_TIMEOUT_S = 5.0
+#: the whole answer, written and closed, at most (a slower reader is reset)
+_WRITE_TIMEOUT_S = 10.0
 
 
 class MetricsListener:
@@ -54,8 +58,8 @@ class MetricsListener:
         try:
             async with asyncio.timeout(_HEAD_TIMEOUT_S):
                 head = await reader.readuntil(b"\r\n\r\n")
-        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-            writer.close()
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            writer.transport.abort()
             return
         method, _, rest = head.partition(b" ")
         target = rest.split(b" ", 1)[0].split(b"?", 1)[0]
@@ -71,11 +75,15 @@ class MetricsListener:
         self, writer: asyncio.StreamWriter, status: int, content_type: bytes, body: bytes
     ) -> None:
         reason = {200: b"OK", 404: b"Not Found", 405: b"Method Not Allowed"}.get(status, b"Error")
-        writer.write(
-            b"HTTP/1.1 %d %b\r\ncontent-type: %b\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
-            % (status, reason, content_type, len(body))
-            + body
-        )
-        with contextlib.suppress(ConnectionError):
-            await writer.drain()
-        writer.close()
+        try:
+            async with asyncio.timeout(_WRITE_TIMEOUT_S):
+                writer.write(
+                    b"HTTP/1.1 %d %b\r\ncontent-type: %b\r\ncontent-length: %d\r\n"
+                    b"connection: close\r\n\r\n" % (status, reason, content_type, len(body)) + body
+                )
+                await writer.drain()
+                writer.close()
+                await writer.wait_closed()
+        except (TimeoutError, OSError):
+            # Not read in time (or the peer went away): drop what is buffered.
+            writer.transport.abort()

@@ -291,16 +291,25 @@ class Catalog:
         return record
 
     def find_same(
-        self, tenant: str, sha256: str, locator_sha256: str | None, not_before: int = 0
+        self,
+        tenant: str,
+        sha256: str,
+        locator_sha256: str | None,
+        not_before: int = 0,
+        exclude: frozenset[str] = frozenset(),
     ) -> EvidenceRecord | None:
-        """The tenant's live record of these bytes under this locator, if any."""
+        """The tenant's oldest live record of these bytes under this locator, if
+        any, other than those ``exclude`` names."""
         with self._read() as conn:
-            row = conn.execute(
+            rows = conn.execute(
                 f"SELECT {_COLUMNS} FROM records WHERE {_LIVE} AND sha256 = ? "  # noqa: S608
-                "AND locator_sha256 IS ? ORDER BY created, rowid LIMIT 1",
+                "AND locator_sha256 IS ? ORDER BY created, rowid",
                 (tenant, not_before, sha256, locator_sha256),
-            ).fetchone()
-        return None if row is None else _record(row)
+            )
+            for row in rows:
+                if row[0] not in exclude:
+                    return _record(row)
+        return None
 
     def usage(self, tenant: str, not_before: int = 0) -> tuple[int, int]:
         """(records, bytes) of the tenant's live records."""

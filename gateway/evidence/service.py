@@ -91,6 +91,9 @@ class EvidenceService:
         self._held: dict[str, int] = {}
         self._held_lock = threading.Lock()
         self._on_leases_change = on_leases_change
+        #: records staged from a request's inline data (forgotten when it ends):
+        #: never what an upload of the same bytes is answered with
+        self._inline: set[str] = set()
 
     @classmethod
     def from_config(
@@ -157,8 +160,10 @@ class EvidenceService:
             not_before = self._not_before(tenant)
             with self._store.exclusive():
                 if dedupe:
+                    with self._held_lock:
+                        inline = frozenset(self._inline)
                     same = self._catalog.find_same(
-                        tenant.name, upload.sha256, locator_sha256, not_before
+                        tenant.name, upload.sha256, locator_sha256, not_before, exclude=inline
                     )
                     if same is not None:
                         return same, True
@@ -222,8 +227,15 @@ class EvidenceService:
         except BaseException:
             upload.discard()
             raise
-        # Its own record: never the tenant's (which the request's end would delete).
-        return self.commit_upload(tenant, upload, declared, None, dedupe=False, quota=False)[0]
+        # Its own record: never the tenant's (which the request's end would delete),
+        # and never an upload's answer either (the request's end deletes it).
+        with self._store.exclusive():  # no upload deduplicates before it is marked
+            record, _ = self.commit_upload(
+                tenant, upload, declared, None, dedupe=False, quota=False
+            )
+            with self._held_lock:
+                self._inline.add(record.id)
+        return record
 
     def get(self, tenant: Tenant, evidence_id: str) -> EvidenceRecord:
         record = self._catalog.get(tenant.name, evidence_id, self._not_before(tenant))
@@ -253,6 +265,8 @@ class EvidenceService:
             record = self._catalog.delete(tenant.name, evidence_id)
         if record is None:
             raise GatewayError("evidence_not_found")
+        with self._held_lock:
+            self._inline.discard(record.id)
         self._drop_file_if_unreferenced(record.sha256, record.ext)
         return record
 
@@ -266,6 +280,8 @@ class EvidenceService:
         except StorageFull:
             self._release_reserve()
             records = self._catalog.expire(tenant.name, not_before)
+        with self._held_lock:
+            self._inline.difference_update(r.id for r in records)
         for record in records:
             self._drop_file_if_unreferenced(record.sha256, record.ext)
         return len(records)

@@ -15,6 +15,7 @@ The readiness poll and the model listing use httpx.
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from collections.abc import AsyncIterator
 from typing import Any, Literal
@@ -40,6 +41,10 @@ _CONTENT_TYPES = _ACCEPT
 
 
 _MAX_LISTING_BYTES = 1_048_576
+
+
+class _BadBody(Exception):
+    """A small JSON answer over its bound, or in a content coding."""
 
 
 class ListingError(Exception):
@@ -212,23 +217,21 @@ class Upstream:
     async def get_models(self, timeout_s: float) -> Any:
         """The worker's ``/v1/models`` listing; :class:`ListingError` says why not."""
         try:
-            response = await self._client.get(
-                "/v1/models",
-                headers={"accept": "application/json", "accept-encoding": "identity"},
-                timeout=timeout_s,
+            status, content = await self._small_json(
+                "GET", "/v1/models", None, timeout_s, _MAX_LISTING_BYTES
             )
         except httpx.ConnectError as exc:
             raise ListingError("connection_refused") from exc
-        except httpx.TimeoutException as exc:
+        except (httpx.TimeoutException, TimeoutError) as exc:
             raise ListingError("timeout") from exc
         except httpx.HTTPError as exc:
             raise ListingError("http_error") from exc
-        if response.status_code != 200:
+        except _BadBody as exc:
+            raise ListingError("bad_body") from exc
+        if status != 200:
             raise ListingError("http_error")
-        if len(response.content) > _MAX_LISTING_BYTES:
-            raise ListingError("bad_body")
         try:
-            return orjson.loads(response.content)
+            return orjson.loads(content)
         except orjson.JSONDecodeError as exc:
             raise ListingError("bad_body") from exc
 
@@ -239,27 +242,49 @@ class Upstream:
         and the parsed body (None when it is not JSON), bounded in size and time;
         failures to reach the worker are ``upstream_unavailable``/``upstream_timeout``."""
         try:
-            response = await self._client.request(
-                method,
-                path,
-                headers={
-                    "accept": "application/json",
-                    "accept-encoding": "identity",
-                    "x-request-id": request_id,
-                },
-                timeout=timeout_s,
+            status, content = await self._small_json(
+                method, path, request_id, timeout_s, self.config.max_line_bytes
             )
-        except httpx.TimeoutException as exc:
+        except (httpx.TimeoutException, TimeoutError) as exc:
             raise GatewayError("upstream_timeout") from exc
         except httpx.HTTPError as exc:
             raise GatewayError("upstream_unavailable", outcome="upstream_error") from exc
-        if len(response.content) > self.config.max_line_bytes:
-            raise GatewayError("upstream_protocol_error")
+        except _BadBody as exc:
+            raise GatewayError("upstream_protocol_error") from exc
         try:
-            body = orjson.loads(response.content) if response.content else None
+            body = orjson.loads(content) if content else None
         except orjson.JSONDecodeError:
             body = None
-        return response.status_code, body
+        return status, body
+
+    async def _small_json(
+        self, method: str, path: str, request_id: str | None, timeout_s: float, limit: int
+    ) -> tuple[int, bytes]:
+        """Status and body of one small exchange, bounded by the bytes received
+        (a declared or actual body over ``limit`` is :class:`_BadBody`) and in
+        total time; a content coding is refused, never decoded (a gzip bomb
+        would inflate in memory before any size check)."""
+        headers = {"accept": "application/json", "accept-encoding": "identity"}
+        if request_id is not None:
+            headers["x-request-id"] = request_id
+        async with asyncio.timeout(timeout_s):
+            async with self._client.stream(
+                method, path, headers=headers, timeout=timeout_s
+            ) as response:
+                if response.headers.get("content-encoding", "").strip().lower() not in (
+                    "",
+                    "identity",
+                ):
+                    raise _BadBody
+                declared = response.headers.get("content-length", "")
+                if declared.isdigit() and int(declared) > limit:
+                    raise _BadBody
+                content = bytearray()
+                async for piece in response.aiter_raw():
+                    content += piece
+                    if len(content) > limit:
+                        raise _BadBody
+                return response.status_code, bytes(content)
 
 
 async def _once(body: bytes) -> AsyncIterator[bytes]:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import base64
 import errno
 import hashlib
 import os
@@ -377,3 +378,23 @@ def test_delete_on_a_full_volume_uses_the_catalog_reserve(tmp_path: Path) -> Non
             assert reserve.exists(), "made again once there is room"
         finally:
             svc.close()
+
+
+def test_an_upload_is_never_answered_with_a_requests_inline_record(
+    service: EvidenceService,
+) -> None:
+    """Inline data is staged as a record of its request only, forgotten when the
+    request ends: an upload of the same bytes (no locator) meanwhile must get a
+    record of its own, not the one about to be deleted under it."""
+    inline = service.upload_inline(ACME, base64.b64encode(PNG).decode(), "image/png", "image")
+    commit = service.commit_upload
+    upload = service.begin_upload()
+    upload.write(PNG)
+    record, existed = commit(ACME, upload, "image/png", None)
+    assert not existed and record.id != inline.id
+    service.delete(ACME, inline.id)  # the request's end (pipeline._after)
+    assert service.get(ACME, record.id) == record
+    # And while the inline record lives, the same upload again answers with the upload's.
+    again = service.upload_inline(ACME, base64.b64encode(PNG).decode(), "image/png", "image")
+    assert service.upload(ACME, PNG, "image/png", None).id == record.id
+    service.delete(ACME, again.id)
