@@ -22,12 +22,14 @@ import pytest
 from gateway.ratelimit import tenant_keys
 from gateway.ratelimit.core import seconds_until_midnight
 from tests.ratelimit.conftest import away_from_midnight
+from tests.support.poll import eventually_async
 from tests.support.process import Served, metric, serve, serving, sim_running
 from tests.support.redis import RedisServer
 from tests.support.replicas import (
     HANG,
     PREFIX,
     QUEUE_TIMEOUT_S,
+    REPLICA_WAIT_S,
     chat,
     clients,
     code,
@@ -40,7 +42,6 @@ from tests.support.replicas import (
     settled,
     slots_held,
     tenant_policy,
-    until,
 )
 
 
@@ -54,7 +55,11 @@ def _ready(replica: Served) -> tuple[int, dict[str, object]]:
 
 
 async def _all_ready(replicas: list[Served]) -> None:
-    await until(lambda: all(_ready(r)[0] == 200 for r in replicas), "every replica ready")
+    await eventually_async(
+        lambda: all(_ready(r)[0] == 200 for r in replicas),
+        "every replica ready",
+        timeout_s=REPLICA_WAIT_S,
+    )
 
 
 def _metric(replica: Served, name: str, **labels: str) -> float:
@@ -64,7 +69,9 @@ def _metric(replica: Served, name: str, **labels: str) -> float:
 
 async def _receipts(replicas: list[Served], count: int) -> list[dict[str, object]]:
     """The replicas' receipts once ``count`` are written (the writer batches)."""
-    await until(lambda: len(receipts(replicas)) >= count, f"{count} receipts")
+    await eventually_async(
+        lambda: len(receipts(replicas)) >= count, f"{count} receipts", timeout_s=REPLICA_WAIT_S
+    )
     return receipts(replicas)
 
 
@@ -147,14 +154,20 @@ async def test_tokens_per_minute_across_replicas_within_one_reservation(
                     done = sum(1 for t in tasks if t.done())
                     return done + len(marked(sim, text[:4])) == len(tasks)
 
-                await until(decided, "every request admitted or refused")
+                await eventually_async(
+                    decided, "every request admitted or refused", timeout_s=REPLICA_WAIT_S
+                )
                 window = time.monotonic() - started
                 admitted = len(marked(sim, text[:4]))
                 answers = [t.result() for t in tasks if t.done()]
                 for task in tasks:
                     task.cancel()  # the callers go away: the gateways settle
                 await asyncio.gather(*tasks, return_exceptions=True)
-            await until(lambda: settled(shared_redis, "acme"), "every hold settled")
+            await eventually_async(
+                lambda: settled(shared_redis, "acme"),
+                "every hold settled",
+                timeout_s=REPLICA_WAIT_S,
+            )
     assert {code(a) for a in answers} == {"rate_limited"}
     taken = admitted * need
     # Never more than the minute (plus its refill in the window), never short
@@ -188,7 +201,9 @@ async def test_tokens_per_day_refuses_with_retry_after_to_utc_midnight(
                         break
                     used += answer.json()["usage"]["total_tokens"]
                     # the next decision sees this request's real usage, not its hold
-                    await until(lambda: settled(shared_redis, "acme"), "settled")
+                    await eventually_async(
+                        lambda: settled(shared_redis, "acme"), "settled", timeout_s=REPLICA_WAIT_S
+                    )
                     assert day_used(shared_redis, "acme") == used
                 assert refusal is not None
                 # every replica refuses now
@@ -236,7 +251,11 @@ async def test_max_concurrent_requests_holds_across_replicas_under_50_streams(
             async with clients(replicas, "acme") as acme, asyncio.timeout(120):
                 await asyncio.gather(*(stream(acme[i % 3], i) for i in range(streams)))
             window = time.monotonic() - started
-            await until(lambda: slots_held(shared_redis, "acme") == 0, "every slot freed")
+            await eventually_async(
+                lambda: slots_held(shared_redis, "acme") == 0,
+                "every slot freed",
+                timeout_s=REPLICA_WAIT_S,
+            )
     seen = marked(sim, "conc")
     assert len(seen) == streams  # refused requests never reached the worker
     peak = peak_overlap(seen)
@@ -276,7 +295,9 @@ async def test_a_restarted_replica_keeps_the_tenants_remaining_budget(
                     if (await chat(client, "restart", max_tokens=max_tokens)).status_code != 200:
                         break
                     admitted += 1
-            await until(lambda: settled(shared_redis, "acme"), "settled")
+            await eventually_async(
+                lambda: settled(shared_redis, "acme"), "settled", timeout_s=REPLICA_WAIT_S
+            )
             # (one audit file: the same config, restarted)
             written = await _receipts([second], admitted + 1)
         window = time.monotonic() - started
@@ -316,7 +337,11 @@ async def test_a_killed_replicas_slot_expires_while_its_tokens_stay_charged(
             async with clients([doomed, survivor], "acme") as (to_doomed, to_survivor):
                 sent_at = time.monotonic()
                 hanging = asyncio.create_task(chat(to_doomed, doomed_text, max_tokens=990))
-                await until(lambda: bool(marked(sim, "doomed")), "the stream at the worker")
+                await eventually_async(
+                    lambda: bool(marked(sim, "doomed")),
+                    "the stream at the worker",
+                    timeout_s=REPLICA_WAIT_S,
+                )
                 doomed.proc.kill()  # SIGKILL: nothing is settled
                 doomed.proc.wait(10)
                 with pytest.raises(httpx.HTTPError):
@@ -377,9 +402,17 @@ async def test_a_redis_outage_mid_run_under_closed_and_open(
                 slow = asyncio.create_task(
                     chat(to_closed, "inflight [[sim chunks=5 delay_ms=200]]", stream=True)
                 )
-                await until(lambda: bool(marked(sim, "inflight")), "the stream at the worker")
+                await eventually_async(
+                    lambda: bool(marked(sim, "inflight")),
+                    "the stream at the worker",
+                    timeout_s=REPLICA_WAIT_S,
+                )
                 own_redis.stop()  # by its PID
-                await until(lambda: _ready(closed)[0] == 503, "closed: /readyz 503")
+                await eventually_async(
+                    lambda: _ready(closed)[0] == 503,
+                    "closed: /readyz 503",
+                    timeout_s=REPLICA_WAIT_S,
+                )
                 assert _ready(closed)[1]["reason"] == "limits_unavailable"
                 during = await asyncio.gather(
                     *(chat(c, "outage") for c in (to_closed, to_open) * 4)
@@ -390,19 +423,25 @@ async def test_a_redis_outage_mid_run_under_closed_and_open(
                 assert streamed.status_code == 200
                 assert streamed.text.endswith("data: [DONE]\n\n")
                 # its settlement waits in the queue while Redis is away
-                await until(
+                await eventually_async(
                     lambda: _metric(closed, "gateway_limits_settlements_pending") >= 1,
                     "a settlement queued",
+                    timeout_s=REPLICA_WAIT_S,
                 )
                 assert _metric(opened, "gateway_limits_store_errors_total", op="reserve") == 4
                 own_redis.start()  # the same port
-                await until(lambda: _ready(closed)[0] == 200, "closed: ready again by itself")
+                await eventually_async(
+                    lambda: _ready(closed)[0] == 200,
+                    "closed: ready again by itself",
+                    timeout_s=REPLICA_WAIT_S,
+                )
                 after = await asyncio.gather(*(chat(c, "outage") for c in (to_closed, to_open)))
                 assert [code(a) for a in after] == ["ok", "ok"]
                 assert all("x-ratelimit-remaining-requests" in a.headers for a in after)
-                await until(
+                await eventually_async(
                     lambda: _metric(closed, "gateway_limits_settlements_pending") == 0,
                     "the queued settlements applied",
+                    timeout_s=REPLICA_WAIT_S,
                 )
                 assert _metric(closed, "gateway_limits_store_errors_total", op="reserve") == 4
                 assert _metric(closed, "gateway_limits_store_healthy") == 1
@@ -455,7 +494,11 @@ async def test_the_widest_tenant_names_never_share_limits(
                     other = pair[(index + 1) % 2]
                     # each tenant's one request passes, on either replica, and only it
                     outcomes[name] = [code(await chat(first, name)), code(await chat(other, name))]
-            await until(lambda: all(settled(shared_redis, n) for n in WIDE_TENANTS), "settled")
+            await eventually_async(
+                lambda: all(settled(shared_redis, n) for n in WIDE_TENANTS),
+                "settled",
+                timeout_s=REPLICA_WAIT_S,
+            )
             counted = [
                 {
                     name: _metric(

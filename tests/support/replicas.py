@@ -9,10 +9,8 @@ for a tenant's state. Every wait is bounded; nothing sleeps for readiness.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +34,8 @@ HANG = "[[sim first_delay_ms=120000 keepalive_ms=0]]"
 CAPACITY = 64
 #: the tenants' admission.queue_timeout_s: a slot's lease covers it (spec §15 + the wait)
 QUEUE_TIMEOUT_S = 5
+#: how long a replica test polls for a state (processes and Redis round trips: generous)
+REPLICA_WAIT_S = 15
 
 
 def tenant_policy(name: str, **limits: int) -> dict[str, Any]:
@@ -138,15 +138,6 @@ def peak_overlap(requests: list[SimRequest]) -> int:
         level += step
         peak = max(peak, level)
     return peak
-
-
-async def until(check: Callable[[], bool], what: str, timeout_s: float = 15) -> None:
-    """Await ``check()`` (polled; the loop keeps running); fail past ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        await asyncio.sleep(0.01)
 
 
 def settled(redis: RedisServer, tenant: str) -> bool:
