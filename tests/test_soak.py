@@ -41,7 +41,7 @@ from gateway.server import tune_gc
 from gateway.testing.harness import SIM_ROUTE
 from gateway.testing.samples import SAMPLES
 from gateway.testing.simulator import Simulator
-from tests.support.poll import eventually
+from tests.support.poll import eventually, eventually_async
 from tests.support.stack import Stack, chat_body, running_stack, sse_data
 from tests.support.tmpfs import fill, free, small_fs
 
@@ -334,10 +334,8 @@ async def audit_outage(soak: Soak, at_s: float) -> None:
         await asyncio.sleep(soak.rng.uniform(0.3, 0.6))
     finally:
         await asyncio.to_thread(free, soak.audit_fs)
-    deadline = time.monotonic() + 10
-    while not runtime.receipts.healthy and time.monotonic() < deadline:  # noqa: ASYNC110
-        await asyncio.sleep(0.02)  # the writer lives on the gateway's loop: poll, bounded
-    assert runtime.receipts.healthy, "receipts did not resume within 10 s"
+    # the writer lives on the gateway's loop: polled, so that loop keeps running
+    await eventually_async(lambda: runtime.receipts.healthy, "receipts resumed", 10)
     soak.audit_outages.append((started, time.monotonic()))
 
 
@@ -414,10 +412,8 @@ async def outage(soak: Soak, gate: asyncio.Semaphore, at_s: float) -> None:
     sim = Simulator(port=port, model_id=SIM_ROUTE)
     await asyncio.to_thread(sim.start)
     stack.sim = sim
-    deadline = time.monotonic() + 5
-    while not stack.runtime.accepting() and time.monotonic() < deadline:  # noqa: ASYNC110
-        await asyncio.sleep(0.02)  # readiness lives on the gateway's loop: poll, bounded
-    assert stack.runtime.accepting(), "the restarted worker was not ready within 5 s"
+    # readiness lives on the gateway's loop: polled, so that loop keeps running
+    await eventually_async(stack.runtime.accepting, "the restarted worker ready", 5)
     soak.outages.append((started, time.monotonic()))
 
 
