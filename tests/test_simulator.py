@@ -8,20 +8,16 @@ import gc
 import gzip
 import json
 import re
-import select
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from gateway.testing.simulator import DEFAULT_MODEL_ID, FAULTS, Simulator, main
+from gateway.testing.simulator import DEFAULT_MODEL_ID, FAULTS, Simulator
 from tests.testing.simulator.wire import Raw, exchange, http_request, parse, read_raw
 
 MODEL = DEFAULT_MODEL_ID
@@ -573,45 +569,3 @@ def test_stop_under_load_leaves_nothing_running(caplog: pytest.LogCaptureFixture
     assert all(_stop_under_load(request) for _ in range(3))
     gc.collect()
     assert "Task was destroyed" not in caplog.text
-
-
-# ---------------------------------------------------------------------- CLI
-
-
-def test_cli_serves_until_sigterm() -> None:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gateway.testing.simulator", "--port", "0", "--chunks", "2"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert process.stdout is not None
-        ready, _, _ = select.select([process.stdout], [], [], 10)
-        assert ready, "no listening line within 10 s"
-        line = process.stdout.readline()
-        match = re.fullmatch(r"simulator listening on (http://127\.0\.0\.1:\d+)\n", line)
-        assert match, line
-        response = httpx.post(match.group(1) + CHAT, json=chat("hi", stream=False), timeout=5)
-        assert response.json()["usage"]["completion_tokens"] == 2
-        process.terminate()
-        assert process.wait(10) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(5)
-        if process.stdout is not None:
-            process.stdout.close()
-
-
-def test_cli_refuses_a_non_loopback_host(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--host", "0.0.0.0"]) == 2
-    assert "loopback" in capsys.readouterr().err
-
-
-def test_the_default_route_is_the_example_configs() -> None:
-    """A newcomer's gateway on fixtures/config/gateway.yaml in front of a bare
-    `mistralrs-gateway simulator` is ready: both name the same route."""
-    from gateway.loader import load_config
-
-    example = Path(__file__).resolve().parents[1] / "fixtures" / "config" / "gateway.yaml"
-    assert load_config(example).workers[0].served_routes == [DEFAULT_MODEL_ID]

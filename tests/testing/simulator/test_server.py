@@ -10,11 +10,13 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 import pytest
 
 from gateway import cli
+from gateway.loader import load_config
 from gateway.testing.simulator import DEFAULT_MODEL_ID, main
 
 _LISTENING = re.compile(r"simulator listening on (http://127\.0\.0\.1:(\d+))\n")
@@ -47,6 +49,30 @@ def running(argv: list[str]) -> Iterator[tuple[str, int]]:
             process.wait(5)
         if process.stdout is not None:
             process.stdout.close()
+
+
+def test_module_cli_serves_until_sigterm() -> None:
+    argv = [sys.executable, "-m", "gateway.testing.simulator", "--port", "0", "--chunks", "2"]
+    with running(argv) as (url, _):
+        body = {
+            "model": "default",
+            "stream": False,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
+        response = httpx.post(url + "/v1/chat/completions", json=body, timeout=5)
+        assert response.json()["usage"]["completion_tokens"] == 2
+
+
+def test_module_cli_refuses_a_non_loopback_host(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--host", "0.0.0.0"]) == 2
+    assert "loopback" in capsys.readouterr().err
+
+
+def test_the_default_route_is_the_example_configs() -> None:
+    """A newcomer's gateway on fixtures/config/gateway.yaml in front of a bare
+    `mistralrs-gateway simulator` is ready: both name the same route."""
+    example = Path(__file__).resolve().parents[3] / "fixtures" / "config" / "gateway.yaml"
+    assert load_config(example).workers[0].served_routes == [DEFAULT_MODEL_ID]
 
 
 def test_help_shows_the_defaults(capsys: pytest.CaptureFixture[str]) -> None:
