@@ -17,7 +17,6 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +26,11 @@ import pytest
 from gateway import errors
 from gateway.testing.harness import DEMO_SECRET_ENV
 from gateway.testing.samples import build_mp4, build_png, build_wav
+from tests.support.docblocks import HEADING, REPO, Block, blocks
 from tests.support.jwt import HS_SECRET
 from tests.support.stack import API_KEY, Stack, running_stack
 
-REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "callers.md"
-FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
-HEADING = re.compile(r"^#{2,4} (.+)$", re.M)
 ENDPOINTS = ["chat.completions", "completions", "responses", "embeddings", "models", "evidence"]
 FILES = {"photo.png": build_png, "clip.wav": build_wav, "clip.mp4": build_mp4}
 #: what the simulated worker answers in a section (its side of the example)
@@ -44,31 +41,7 @@ KNOBS: dict[str, dict[str, Any]] = {
 }
 
 
-@dataclass(frozen=True)
-class Block:
-    lang: str
-    code: str
-    line: int
-    section: str
-
-    @property
-    def name(self) -> str:
-        slug = re.sub(r"[^a-z0-9]+", "-", self.section.lower()).strip("-")
-        return f"{slug}-L{self.line}"
-
-
-def _blocks() -> list[Block]:
-    text = DOC.read_text()
-    headings = [(m.start(), m.group(1).strip()) for m in HEADING.finditer(text)]
-    out = []
-    for match in FENCE.finditer(text):
-        section = next((h for at, h in reversed(headings) if at < match.start()), "")
-        line = text.count("\n", 0, match.start()) + 1
-        out.append(Block(match.group(1), match.group(2), line, section))
-    return out
-
-
-BLOCKS = _blocks()
+BLOCKS = blocks(DOC)
 PYTHON = [b for b in BLOCKS if b.lang == "python"]
 SHELL = [b for b in BLOCKS if b.lang == "sh"]
 
