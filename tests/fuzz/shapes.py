@@ -1,4 +1,4 @@
-"""Helpers the fuzz tests share: byte streams cut into pieces, paths into JSON."""
+"""Helpers the fuzz tests share: byte streams cut into pieces or edited, paths into JSON."""
 
 from __future__ import annotations
 
@@ -16,6 +16,26 @@ def split(data: bytes, sizes: list[int]) -> list[bytes]:
     if at < len(data):
         pieces.append(data[at:])
     return pieces
+
+
+def mutate(seed: bytes, edits: list[tuple[int, str, bytes]]) -> bytes:
+    """``seed`` with each edit applied in turn, at ``where`` modulo the length:
+    ``d`` deletes, ``i`` inserts ``blob``, ``r`` overwrites with it, ``c`` copies
+    a slice of the stream elsewhere (long lines, extra events)."""
+    data = bytearray(seed)
+    for where, op, blob in edits:
+        at = where % (len(data) + 1)
+        if op == "d":
+            del data[at : at + max(1, len(blob))]
+        elif op == "i":
+            data[at:at] = blob
+        elif op == "r":
+            data[at : at + len(blob)] = blob
+        else:
+            assert op == "c", op
+            start = (where * 7919) % (len(data) + 1)
+            data[at:at] = data[start : start + 64 * (1 + len(blob))]
+    return bytes(data)
 
 
 def json_paths(doc: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
