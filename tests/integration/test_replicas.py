@@ -40,6 +40,7 @@ from tests.support.replicas import (
     receipts,
     reservation,
     settled,
+    slot_leases_left_ms,
     slots_held,
     tenant_policy,
 )
@@ -344,6 +345,10 @@ async def test_a_killed_replicas_slot_expires_while_its_tokens_stay_charged(
                 )
                 doomed.proc.kill()  # SIGKILL: nothing is settled
                 doomed.proc.wait(10)
+                # the dead replica's slot holds exactly the declared lease, by Redis' clock
+                [left_ms] = slot_leases_left_ms(shared_redis, "acme")
+                since_sent_ms = (time.monotonic() - sent_at) * 1000
+                assert lease_s * 1000 - since_sent_ms - 1000 <= left_ms <= lease_s * 1000
                 with pytest.raises(httpx.HTTPError):
                     await hanging
                 refused = await chat(to_survivor, "survivor", max_tokens=small)
@@ -363,7 +368,6 @@ async def test_a_killed_replicas_slot_expires_while_its_tokens_stay_charged(
     assert admitted is not None, "the dead replica's slot never expired"
     waited = admitted_at - sent_at
     assert waited >= lease_s - 0.5  # not before the lease ended (Redis' clock vs ours)
-    assert waited <= lease_s + 5  # and soon after it (retries every 0.2 s)
     # The doomed reservation was never refunded: at most the refill since it came back.
     need = reservation("survivor", small)
     remaining = int(admitted.headers["x-ratelimit-remaining-tokens"])

@@ -151,6 +151,15 @@ def slots_held(redis: RedisServer, tenant: str) -> int:
         return int(client.zcard(tenant_keys(PREFIX, tenant).slots))
 
 
+def slot_leases_left_ms(redis: RedisServer, tenant: str) -> list[int]:
+    """How long each of ``tenant``'s concurrency slots has left, by Redis' clock."""
+    with redis.client() as client:
+        sec, usec = client.time()
+        now_ms = int(sec) * 1000 + int(usec) // 1000
+        expiries = client.zrange(tenant_keys(PREFIX, tenant).slots, 0, -1, withscores=True)
+    return [int(score) - now_ms for _, score in expiries]
+
+
 def day_used(redis: RedisServer, tenant: str) -> int:
     with redis.client() as client:
         raw = client.hget(tenant_keys(PREFIX, tenant).day, "u")
