@@ -197,10 +197,13 @@ class FairQueueCore:
         every sharing pool's."""
         return queue.held if self._shared is None else self._shared.get(tenant, 0)
 
-    def touch(self, tenant: str) -> None:
-        """Another sharing pool released the tenant's units: its capped head may go."""
-        if tenant in self._tenants:
-            self._dirty.add(tenant)
+    def touch(self, tenant: str) -> bool:
+        """Another sharing pool released the tenant's units: its capped head may go.
+        False when the tenant has nothing here (nothing here can change)."""
+        if tenant not in self._tenants:
+            return False
+        self._dirty.add(tenant)
+        return True
 
     def retry_after_s(self) -> int:
         if self._mean_hold_s is None:
@@ -491,8 +494,10 @@ class Admission:
 
     def wake(self, tenant: str) -> None:
         """The tenant's units came back in a sharing pool: its heads here may go."""
-        self._core.touch(tenant)
-        self._dispatch()
+        # Only that tenant's heads can be unblocked: a pool where it has none
+        # is left alone (no dispatch, no gauge update on every release).
+        if self._core.touch(tenant):
+            self._dispatch()
 
     def _dispatch(self) -> None:
         while granted := self._core.grants(self._clock()):

@@ -256,8 +256,9 @@ def check_policy(policy: TenantPolicy, stem: str, config: GatewayConfig) -> list
     problems: list[tuple[str, str]] = []
     if policy.tenant != stem:
         problems.append(("tenant", f"must equal the file name stem {stem!r}"))
+    served = config.routes  # built on each access: once per policy, not per alias
     for alias, route in policy.models.items():
-        if route not in config.routes:
+        if route not in served:
             problems.append((f"models.{alias}", "must be a route an upstream serves"))
     for name in _CEILINGS:
         own = getattr(policy.limits, name)

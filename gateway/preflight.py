@@ -43,6 +43,7 @@ from gateway.auth.keys import KeyFetchError, check_jwks_url, hs256_secret, parse
 from gateway.config import GatewayConfig, IssuerConfig, LaunchConfig, TLSConfig
 from gateway.digests import placeholder_reason
 from gateway.loader import (
+    POLICY_SUFFIXES,
     ConfigError,
     Loaded,
     config_warnings,
@@ -109,14 +110,17 @@ def errors_of(findings: list[Finding]) -> list[Finding]:
 # ------------------------------------------------------------------- files
 
 
-def _read(key: str, path: Path, limit: int = MAX_PEM_BYTES) -> tuple[bytes | None, Finding | None]:
+def _read(
+    key: str, path: Path, limit: int = MAX_PEM_BYTES, limit_name: str | None = None
+) -> tuple[bytes | None, Finding | None]:
+    """The file's bytes, or the finding; ``limit_name`` names a configured limit."""
     try:
         with path.open("rb") as fh:
             data = fh.read(limit + 1)
     except OSError as exc:
         return None, _error(key, f"cannot read ({type(exc).__name__})", path)
     if len(data) > limit:
-        return None, _error(key, f"larger than {limit} bytes", path)
+        return None, _error(key, f"larger than {limit_name or f'{limit} bytes'}", path)
     return data, None
 
 
@@ -206,10 +210,8 @@ def check_ca_bundle(key: str, path: Path) -> list[Finding]:
 def check_issuer(prefix: str, issuer: IssuerConfig, env: Mapping[str, str]) -> list[Finding]:
     if issuer.jwks_file is not None:
         key = f"{prefix}.jwks_file"
-        data, problem = _read(key, issuer.jwks_file, issuer.jwks_max_bytes)
+        data, problem = _read(key, issuer.jwks_file, issuer.jwks_max_bytes, "jwks_max_bytes")
         if problem is not None:
-            if problem.problem.startswith("larger"):
-                problem = _error(key, "larger than jwks_max_bytes", issuer.jwks_file)
             return [problem]
         assert data is not None
         try:
@@ -324,7 +326,7 @@ def policy_digest_warnings(policies: PolicySet, directory: Path) -> list[Finding
 
 
 def _policy_file(directory: Path, tenant: str) -> Path:
-    for suffix in (".yaml", ".yml"):
+    for suffix in POLICY_SUFFIXES:
         if (directory / f"{tenant}{suffix}").is_file():
             return directory / f"{tenant}{suffix}"
     return directory / f"{tenant}.yaml"

@@ -17,7 +17,14 @@ from hypothesis.stateful import (
     rule,
 )
 
-from gateway.admission import Admission, FairQueueCore, Ticket, TicketState, request_weight
+from gateway.admission import (
+    Admission,
+    AdmissionGroup,
+    FairQueueCore,
+    Ticket,
+    TicketState,
+    request_weight,
+)
 from gateway.errors import GatewayError
 from gateway.policy import Cost
 
@@ -456,6 +463,34 @@ async def test_waiter_is_admitted_on_release_and_reports_wait() -> None:
     assert second.waited_s == pytest.approx(2.5)
     assert adm.in_use == 1
     second.release()
+
+
+async def test_a_group_counts_max_permits_across_its_pools() -> None:
+    changes: list[tuple[str, int, int]] = []
+    group = AdmissionGroup(
+        {"a": 2, "b": 2}, 8, on_change=lambda name, used, depth: changes.append((name, used, depth))
+    )
+    first = await group["a"].acquire("t", 1, share=1, max_permits=2, timeout_s=60)
+    second = await group["a"].acquire("t", 1, share=1, max_permits=2, timeout_s=60)
+    # Pool b has room, but the tenant holds its max_permits in pool a.
+    waiter = asyncio.create_task(group["b"].acquire("t", 1, share=1, max_permits=2, timeout_s=60))
+    await asyncio.sleep(0)
+    assert group["b"].queue_depth == 1 and group["b"].in_use == 0
+    assert group.held == {"t": 2}
+    other = await group["b"].acquire("u", 2, share=1, max_permits=2, timeout_s=60)
+    changes.clear()
+    other.release()  # another tenant's release in b does not admit t
+    assert group["b"].queue_depth == 1
+    # ...and pool a, where u has nothing, is left alone.
+    assert [name for name, _, _ in changes] == ["b"]
+    changes.clear()
+    first.release()  # t's units come back in a: its head in b goes
+    third = await waiter
+    assert group["b"].in_use == 1 and group.in_use == 2 and group.held["t"] == 2
+    assert ("b", 1, 0) in changes
+    for permit in (second, third):
+        permit.release()
+    assert group.in_use == 0 and group.held == {"t": 0, "u": 0}
 
 
 async def test_timeout_is_429_with_retry_after() -> None:

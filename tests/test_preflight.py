@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives import serialization
 from gateway.cli import main
 from gateway.digests import EMPTY_SHA256, placeholder_reason
 from gateway.loader import load_config
-from gateway.preflight import Finding, preflight
+from gateway.preflight import MAX_PEM_BYTES, Finding, preflight
 from gateway.testing.harness import DEMO_SECRET_ENV, SIM_ROUTE, default_policy, write_config
 from tests.support.jwt import HS_SECRET, JWKS_PATH, private_pem
 from tests.support.process import REPO
@@ -176,6 +176,18 @@ def test_jwks_files_are_parsed_and_their_keys_usable(tmp_path: Path) -> None:
     ]
 
 
+def test_files_over_their_bound_name_the_bound(tmp_path: Path) -> None:
+    config = _with_jwks(tmp_path, b" " * (1_048_576 + 1))  # jwks_max_bytes, by default
+    assert [str(f) for f in _findings(config)] == [
+        f"auth.issuers[0].jwks_file: {tmp_path / 'jwks.json'}: larger than jwks_max_bytes"
+    ]
+    pki = Pki(tmp_path / "tls")
+    pki.cert.write_bytes(b" " * (MAX_PEM_BYTES + 1))
+    assert [str(f) for f in _findings(_config(tmp_path, listen=_tls(pki)))] == [
+        f"listen.tls.certfile: {pki.cert}: larger than {MAX_PEM_BYTES} bytes"
+    ]
+
+
 def test_hs256_secret_must_be_set_and_is_never_shown(tmp_path: Path) -> None:
     config = _config(tmp_path)
     findings = _findings(config, env={})
@@ -267,6 +279,20 @@ def test_check_warns_on_placeholder_digests_without_failing(
     )
     policy_file = tmp_path / "policies" / "acme.yaml"
     assert f"warning: api_keys[0].sha256: {policy_file}: looks like a placeholder" in out
+
+
+def test_a_placeholder_in_a_yml_policy_names_that_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = default_policy("acme", api_keys=[{"name": "batch", "sha256": "a" * 64}])
+    config = write_config(
+        tmp_path, upstream_port=1234, policies={"acme": policy}, issuers=issuers()
+    )
+    policies = tmp_path / "policies"
+    (policies / "acme.yaml").rename(policies / "acme.yml")
+    assert main(["check", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert f"warning: api_keys[0].sha256: {policies / 'acme.yml'}: looks like a placeholder" in out
 
 
 def test_check_lists_every_file_problem_at_once(

@@ -57,7 +57,7 @@ import contextlib
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -94,6 +94,15 @@ class TenantKeys:
     slots: str
     holds: str
     void: str
+    #: the KEYS of the ``reserve`` and ``settle`` scripts, in their order (built
+    #: once per tenant, not on every request)
+    reserve: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    settle: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        reserve = (self.requests, self.tokens, self.day, self.slots, self.holds, self.void)
+        object.__setattr__(self, "reserve", reserve)
+        object.__setattr__(self, "settle", reserve[1:])
 
 
 def tenant_keys(prefix: str, tenant: str) -> TenantKeys:
@@ -304,17 +313,7 @@ class RedisLimitsStore:
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self._timeout_s):
-                raw = await self._reserve(
-                    keys=[
-                        keys.requests,
-                        keys.tokens,
-                        keys.day,
-                        keys.slots,
-                        keys.holds,
-                        keys.void,
-                    ],
-                    args=args,
-                )
+                raw = await self._reserve(keys=keys.reserve, args=args)
         except _STORE_ERRORS as exc:
             self._void(keys, hold_id)
             self._failed("reserve", exc)
@@ -418,12 +417,8 @@ class RedisLimitsStore:
             for s in batch:
                 pipe.evalsha(
                     self._settle.sha,
-                    5,
-                    s.keys.tokens,
-                    s.keys.day,
-                    s.keys.slots,
-                    s.keys.holds,
-                    s.keys.void,
+                    len(s.keys.settle),
+                    *s.keys.settle,
                     s.hold,
                     s.tpm,
                     s.minute_refund,

@@ -60,7 +60,8 @@ class RouteState:
         return {"upstream": self.upstream, "ready": self.ready, "reason": self.reason}
 
 
-_STATUS_REASONS = {"unloaded": "unloaded", "reloading": "reloading"}
+#: the listing statuses that are their own not-ready reason
+_STATUS_REASONS = frozenset({"unloaded", "reloading"})
 
 
 def classify(listing: Any, route: str) -> tuple[str | None, str | None, int | None]:
@@ -78,7 +79,7 @@ def classify(listing: Any, route: str) -> tuple[str | None, str | None, int | No
     if status == "loaded":
         return status, None, created
     if isinstance(status, str) and status in _STATUS_REASONS:
-        return status, _STATUS_REASONS[status], created
+        return status, status, created
     return status if isinstance(status, str) else None, "bad_body", created
 
 

@@ -41,13 +41,13 @@ class RouteTable:
     def build(cls, config: GatewayConfig, admissions: AdmissionGroup) -> RouteTable:
         workers = []
         for upstream in config.workers:
-            capacity = upstream.capacity or config.admission.capacity
+            admission = admissions[upstream.name]
             launch = upstream.launch
             workers.append(
                 Worker(
                     config=upstream,
-                    client=Upstream(upstream, pool_size=capacity + 8),
-                    admission=admissions[upstream.name],
+                    client=Upstream(upstream, pool_size=admission.capacity + 8),
+                    admission=admission,
                     serve_identity=serve_identity(launch) if launch is not None else None,
                 )
             )

@@ -141,6 +141,8 @@ def test_tenant_keys_are_injective_and_hash_tagged() -> None:
         keys = tenant_keys("mrgw:", name)
         fields = [keys.requests, keys.tokens, keys.day, keys.slots, keys.holds, keys.void]
         assert len(set(fields)) == 6
+        # the scripts' KEYS, in the order scripts.py documents
+        assert keys.reserve == tuple(fields) and keys.settle == tuple(fields[1:])
         for key in fields:
             assert key not in seen, (name, seen.get(key))
             seen[key] = name

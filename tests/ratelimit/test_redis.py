@@ -379,9 +379,7 @@ async def test_a_void_that_overtakes_its_lost_reservation_leaves_nothing_taken(
         assert 60_000 < client.pttl(keys.void) <= 90_000  # a TTL, like every key
     # the lost reservation arrives now: rpm 5, tpm 1000 (100), 1 slot, registered
     args = (5, 1000, 100, 0, 0, 1, "lost-1", 30_000, 1)
-    raw = await store._reserve(
-        keys=[keys.requests, keys.tokens, keys.day, keys.slots, keys.holds, keys.void], args=args
-    )
+    raw = await store._reserve(keys=keys.reserve, args=args)
     assert int(raw[0]) == 16  # voided: nothing taken
     with shared_redis.client() as client:
         assert client.zcard(keys.slots) == client.zcard(keys.holds) == 0
