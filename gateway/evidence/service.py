@@ -193,23 +193,13 @@ class EvidenceService:
         finally:
             upload.discard()
 
-    def _stage(self, data: bytes) -> TempUpload:
-        """Bytes in hand written to a temp upload; it is discarded if the write fails."""
-        upload = self.begin_upload()
-        try:
-            upload.write(data)
-        except BaseException:
-            upload.discard()
-            raise
-        return upload
-
     def upload(
         self, tenant: Tenant, data: bytes, content_type: str | None, locator: str | None
     ) -> EvidenceRecord:
         """Stage bytes already in hand (``evidence add``) the way an HTTP upload is."""
         if len(data) > tenant.limits.max_media_bytes:
             raise GatewayError("body_too_large", "The media file exceeds the tenant's size limit.")
-        upload = self._stage(data)
+        upload = self._store.stage(data)
         return self.commit_upload(tenant, upload, content_type, locator)[0]
 
     def upload_inline(
@@ -226,7 +216,7 @@ class EvidenceService:
             raise GatewayError(
                 "modality_not_allowed", f"A {kind} part refers to {media.modality} data."
             )
-        upload = self._stage(data)
+        upload = self._store.stage(data)
         # Its own record: never the tenant's (which the request's end would delete),
         # and never an upload's answer either (the request's end deletes it).
         with self._store.exclusive():  # no upload deduplicates before it is marked
