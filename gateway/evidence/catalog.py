@@ -229,11 +229,8 @@ class Catalog:
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        with self._read() as conn:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise _translate(exc) from exc
+        with self._read() as conn:  # which translates every sqlite3.Error raised in here
+            conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
                 conn.execute("COMMIT")
@@ -409,14 +406,11 @@ class Catalog:
     def record_responses(self, rows: list[ResponseRow]) -> None:
         """Record noted Responses ids, all in one transaction."""
         with self._write() as conn:
-            try:
-                conn.executemany(
-                    "INSERT OR REPLACE INTO responses (tenant, id, alias, expires, body) "
-                    "VALUES (?, ?, ?, ?, ?)",
-                    rows,
-                )
-            except sqlite3.Error as exc:
-                raise _translate(exc) from exc
+            conn.executemany(
+                "INSERT OR REPLACE INTO responses (tenant, id, alias, expires, body) "
+                "VALUES (?, ?, ?, ?, ?)",
+                rows,
+            )
 
     def response_entry(self, tenant: str, response_id: str) -> tuple[str, bytes | None] | None:
         """(alias, kept response object) of the tenant's live response id; None if
