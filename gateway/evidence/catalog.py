@@ -114,6 +114,14 @@ def _translate(exc: sqlite3.Error) -> GatewayError:
     return GatewayError("storage_error")
 
 
+def _usage(conn: sqlite3.Connection, tenant: str, not_before: int) -> tuple[int, int]:
+    count, used = conn.execute(
+        f"SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM records WHERE {_LIVE}",  # noqa: S608 - constant text
+        (tenant, not_before),
+    ).fetchone()
+    return int(count), int(used)
+
+
 def new_evidence_id() -> str:
     # 16 random bytes are 26 base32 characters once the padding is dropped.
     return "ev_" + base64.b32encode(secrets.token_bytes(16)).decode("ascii").rstrip("=").lower()
@@ -266,10 +274,7 @@ class Catalog:
         )
         with self._write() as conn:
             if quota is not None:
-                count, used = conn.execute(
-                    f"SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM records WHERE {_LIVE}",  # noqa: S608 - constant text
-                    (tenant, not_before),
-                ).fetchone()
+                count, used = _usage(conn, tenant, not_before)
                 if count + 1 > quota[0] or used + size > quota[1]:
                     raise GatewayError("evidence_quota_exceeded")
             conn.execute(
@@ -311,11 +316,7 @@ class Catalog:
     def usage(self, tenant: str, not_before: int = 0) -> tuple[int, int]:
         """(records, bytes) of the tenant's live records."""
         with self._read() as conn:
-            count, used = conn.execute(
-                f"SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM records WHERE {_LIVE}",  # noqa: S608
-                (tenant, not_before),
-            ).fetchone()
-        return int(count), int(used)
+            return _usage(conn, tenant, not_before)
 
     def page(
         self, tenant: str, limit: int, after: str | None = None, not_before: int = 0
