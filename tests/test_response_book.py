@@ -3,9 +3,7 @@ batches, kept through a failing volume, never rewritten once forgotten."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,6 +12,7 @@ import pytest
 from gateway import response_book
 from gateway.evidence.catalog import Catalog, ResponseRow, StorageFull
 from gateway.response_book import ResponseBook
+from tests.support.poll import eventually_async
 
 
 class CountingCatalog(Catalog):
@@ -45,13 +44,6 @@ async def book(tmp_path: Path) -> AsyncIterator[tuple[ResponseBook, CountingCata
         catalog.close()
 
 
-async def _until(check: object, timeout_s: float = 5) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "not within the deadline"
-        await asyncio.sleep(0.005)
-
-
 async def test_a_noted_id_is_the_tenants_at_once_and_in_the_catalog_soon(
     book: tuple[ResponseBook, CountingCatalog],
 ) -> None:
@@ -59,7 +51,7 @@ async def test_a_noted_id_is_the_tenants_at_once_and_in_the_catalog_soon(
     responses.note("acme", "resp_1", "small", b'{"id":"resp_1"}')
     assert await responses.entry("acme", "resp_1") == ("small", b'{"id":"resp_1"}')
     assert await responses.entry("globex", "resp_1") is None
-    await _until(lambda: responses.pending == 0)
+    await eventually_async(lambda: responses.pending == 0, "every noted id written", 5)
     assert catalog.response_entry("acme", "resp_1") == ("small", b'{"id":"resp_1"}')
     assert catalog.response_entry("globex", "resp_1") is None
 
@@ -70,7 +62,7 @@ async def test_notes_of_one_moment_share_one_write(
     responses, catalog = book
     for i in range(50):
         responses.note("acme", f"resp_{i}", "small", None)
-    await _until(lambda: responses.pending == 0)
+    await eventually_async(lambda: responses.pending == 0, "every noted id written", 5)
     assert catalog.writes == [50]
     assert all(catalog.response_entry("acme", f"resp_{i}") for i in range(50))
 
@@ -82,10 +74,10 @@ async def test_a_failing_volume_keeps_ids_in_memory_until_it_recovers(
     catalog.fail = 2
     with caplog.at_level(logging.INFO, logger="gateway.responses"):
         responses.note("acme", "resp_full", "small", b"{}")
-        await _until(lambda: catalog.fail == 0)
+        await eventually_async(lambda: catalog.fail == 0, "the failing writes retried", 5)
         # Still the tenant's meanwhile, from memory.
         assert await responses.alias("acme", "resp_full") == "small"
-        await _until(lambda: responses.pending == 0)
+        await eventually_async(lambda: responses.pending == 0, "every noted id written", 5)
     assert catalog.response_entry("acme", "resp_full") == ("small", b"{}")
     messages = [r.getMessage() for r in caplog.records]
     assert messages.count("responses: catalog write failed (storage_error), retrying") == 1
@@ -188,7 +180,7 @@ async def test_the_flusher_outlives_an_unexpected_error(tmp_path: Path) -> None:
     responses.start()
     try:
         responses.note("acme", "resp_odd", "small", None)
-        await _until(lambda: responses.pending == 0)
+        await eventually_async(lambda: responses.pending == 0, "every noted id written", 5)
         assert catalog.response_entry("acme", "resp_odd") == ("small", None)
     finally:
         catalog.fail = 100
