@@ -38,12 +38,11 @@ from typing import Any
 
 import httpx
 
-from bench.procs import Child
+from bench.procs import Child, wait_ready
 from gateway.auth import mint_dev_token
 from gateway.loader import load_config
 from gateway.testing.engine.process import EngineAdapter, cpu_seconds, start_adapter
 from gateway.testing.harness import DEMO_SECRET_ENV, default_policy, new_dev_secret, write_config
-from tests.support.poll import eventually
 
 ALIAS = "random-llama"
 TARGET = 0.97
@@ -184,12 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             gateway = Child("gateway", [*argv_serve, "--port", "0"], workdir, env)
             port = gateway.wait_listening()
             gw_url = f"http://127.0.0.1:{port}"
-
-            def ready() -> bool:
-                return httpx.get(gw_url + "/readyz", timeout=5).status_code == 200
-
-            if not eventually(ready, timeout_s=30):
-                raise RuntimeError("the gateway never became ready")
+            wait_ready(port, 30)
             token = mint_dev_token(
                 load_config(config).auth, "bench", scopes=["inference"], ttl_s=3600,
                 env={DEMO_SECRET_ENV: secret},

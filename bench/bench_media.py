@@ -36,11 +36,10 @@ from typing import Any
 
 import httpx
 
-from bench.procs import Child
-from bench.run import ALIAS, TENANT, _tokens, _wait_ready
+from bench.procs import Child, start_simulator, wait_ready
+from bench.run import ALIAS, TENANT, _tokens
 from gateway.testing.harness import (
     DEMO_SECRET_ENV,
-    SIM_ROUTE,
     default_policy,
     new_dev_secret,
     write_config,
@@ -132,22 +131,8 @@ def run(quick: bool) -> dict[str, Any]:
     children: list[Child] = []
     concurrency = 8 if quick else 40
     try:
-        sim = Child(
-            "simulator",
-            [
-                sys.executable,
-                "-m",
-                "gateway.testing.simulator",
-                "--port",
-                "0",
-                "--model-id",
-                SIM_ROUTE,
-            ],
-            workdir,
-            env,
-        )
+        sim = start_simulator(workdir, env)
         children.append(sim)
-        sim.wait_listening()
         config = _config(workdir, sim.port)
         gw = Child(
             "gateway",
@@ -157,7 +142,7 @@ def run(quick: bool) -> dict[str, Any]:
         )
         children.append(gw)
         gw.wait_listening()
-        _wait_ready(gw.port)
+        wait_ready(gw.port)
         url = f"http://127.0.0.1:{gw.port}"
         token = _tokens(secret)[1]  # HS256: the issuer write_config sets up
         big = _upload(url, token, _png(19 * MIB, 0))

@@ -40,13 +40,12 @@ import orjson
 
 from bench.bench_limits import reserve_timings
 from bench.loadgen import LoadResult, close_connections, http_post, open_connections, run_load
-from bench.procs import Child
+from bench.procs import Child, gateway_command, start_simulator, wait_ready
 from gateway.auth import mint_dev_token
 from gateway.loader import load_config
 from gateway.ratelimit import LimitsStore, MemoryLimitsStore, RedisLimitsStore, TenantLimits
 from gateway.testing.harness import (
     DEMO_SECRET_ENV,
-    SIM_ROUTE,
     default_policy,
     new_dev_secret,
     write_config,
@@ -98,17 +97,6 @@ def _config(workdir: Path, sim_port: int, store: dict[str, Any]) -> Path:
         upstream={"readiness_poll_s": 2, "readiness_timeout_s": 2},  # the deployed defaults
         limits_store=store,
     )
-
-
-def _wait_ready(port: int, timeout_s: float = 20) -> None:
-    def ready() -> bool:
-        try:
-            return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    if not eventually(ready, timeout_s):
-        raise RuntimeError("gateway did not become ready")
 
 
 def _lines(path: Path) -> int:
@@ -239,20 +227,9 @@ def run(total: int, rounds: int, warm: int, store_n: int, out: Path) -> dict[str
         if other_cpus is not None:
             os.sched_setaffinity(0, other_cpus)  # this client, and the children it forks
         with redis_server() as redis, _children() as children:
-            sim = Child(
-                "simulator",
-                [
-                    *(sys.executable, "-m", "gateway.testing.simulator"),
-                    *("--port", "0", "--model-id", SIM_ROUTE),
-                ],
-                workdir,
-                env,
-                cpus=other_cpus,
-            )
+            sim = start_simulator(workdir, env, other_cpus)
             children.append(sim)
-            sim.wait_listening()
-            script = Path(sys.executable).parent / "mistralrs-gateway"
-            command = [str(script)] if script.exists() else [sys.executable, "-m", "gateway.cli"]
+            command = gateway_command()
             stores = {
                 "memory": {"backend": "memory"},
                 "redis": {"backend": "redis", "url": redis.url, "key_prefix": "bench-gw:"},
@@ -269,7 +246,7 @@ def run(total: int, rounds: int, warm: int, store_n: int, out: Path) -> dict[str
                 )
                 children.append(child)
                 child.wait_listening()
-                _wait_ready(child.port)
+                wait_ready(child.port)
                 token = mint_dev_token(
                     load_config(config).auth,
                     TENANT,

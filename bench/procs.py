@@ -11,8 +11,14 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
+
+import httpx
+
+from gateway.testing.harness import SIM_ROUTE
+from tests.support.poll import eventually
 
 _LISTENING = re.compile(rb"listening on https?://127\.0\.0\.1:(\d+)")
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -85,3 +91,30 @@ class Child:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(5)
+
+
+def start_simulator(workdir: Path, env: dict[str, str], cpus: set[int] | None = None) -> Child:
+    """The protocol simulator serving ``SIM_ROUTE`` on a free port, listening on return."""
+    argv = [sys.executable, "-m", "gateway.testing.simulator", "--port", "0"]
+    sim = Child("simulator", [*argv, "--model-id", SIM_ROUTE], workdir, env, cpus=cpus)
+    sim.wait_listening()
+    return sim
+
+
+def gateway_command() -> list[str]:
+    """The installed ``mistralrs-gateway`` script, else ``python -m gateway.cli``."""
+    script = Path(sys.executable).parent / "mistralrs-gateway"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "gateway.cli"]
+
+
+def wait_ready(port: int, timeout_s: float = 20) -> None:
+    """Poll the gateway's ``/readyz`` until it answers 200."""
+
+    def ready() -> bool:
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    if not eventually(ready, timeout_s):
+        raise RuntimeError("gateway did not become ready")

@@ -47,7 +47,7 @@ from bench.loadgen import (
     open_connections,
     run_load,
 )
-from bench.procs import Child
+from bench.procs import Child, gateway_command, start_simulator, wait_ready
 from gateway.testing.harness import (
     DEMO_SECRET_ENV,
     SIM_ROUTE,
@@ -160,18 +160,6 @@ def _config(workdir: Path, sim_port: int, capacity: int) -> Path:
         audit={"path": "var/receipts.jsonl"},
         metrics={"path": "/metrics"},
     )
-
-
-def _wait_ready(port: int, timeout_s: float = 20) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError("gateway did not become ready")
 
 
 def _upload_samples(port: int, token: str) -> list[tuple[str, str]]:
@@ -544,36 +532,19 @@ def run(
     try:
         if placement is not None:
             os.sched_setaffinity(0, placement["load client"])
-        sim = Child(
-            "simulator",
-            [
-                sys.executable,
-                "-m",
-                "gateway.testing.simulator",
-                "--port",
-                "0",
-                "--model-id",
-                SIM_ROUTE,
-            ],
-            workdir,
-            env,
-            cpus=None if placement is None else placement["simulator"],
-        )
+        sim = start_simulator(workdir, env, None if placement is None else placement["simulator"])
         children.append(sim)
-        sim.wait_listening()
         config = _config(workdir, sim.port, capacity)
-        script = Path(sys.executable).parent / "mistralrs-gateway"
-        command = [str(script)] if script.exists() else [sys.executable, "-m", "gateway.cli"]
         gw = Child(
             "gateway",
-            [*command, "serve", "--config", str(config), "--port", "0"],
+            [*gateway_command(), "serve", "--config", str(config), "--port", "0"],
             workdir,
             env,
             cpus=None if placement is None else placement["gateway"],
         )
         children.append(gw)
         gw.wait_listening()
-        _wait_ready(gw.port)
+        wait_ready(gw.port)
         tokens = _tokens(secret)
         staged = _upload_samples(gw.port, tokens[0])
         results: dict[str, Any] = {}

@@ -21,6 +21,8 @@ import os
 import shlex
 import shutil
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,10 +66,35 @@ def _launch_block(port: int) -> dict[str, Any]:
     }
 
 
-def _stream(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
-    events: list[Any] = []
+@dataclass
+class StreamRead:
+    """One streamed chat request as the caller saw it (both demos report from it)."""
+
+    status: int
+    request_id: str | None
+    chunks: list[Any]
+    keepalives: int
+    done: bool
+    sent: float
+    #: when the first chunk with content arrived (None: none did)
+    first_content: float | None
+    ended: float
+
+    @property
+    def text(self) -> str:
+        return "".join(
+            ((c.get("choices") or [{}])[0].get("delta") or {}).get("content") or ""
+            for c in self.chunks
+            if isinstance(c, dict)
+        )
+
+
+def read_stream(client: httpx.Client, body: dict[str, Any]) -> StreamRead:
+    chunks: list[Any] = []
     keepalives = 0
     done = False
+    first_content: float | None = None
+    sent = time.monotonic()
     with client.stream("POST", "/v1/chat/completions", json=body) as response:
         request_id = response.headers.get("x-request-id")
         status = response.status_code
@@ -75,22 +102,28 @@ def _stream(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
             if line == "data: [DONE]":
                 done = True
             elif line.startswith("data: "):
-                events.append(json.loads(line[6:]))
+                chunk = json.loads(line[6:])
+                chunks.append(chunk)
+                if first_content is None and isinstance(chunk, dict):
+                    choices = chunk.get("choices") or [{}]
+                    if (choices[0].get("delta") or {}).get("content"):
+                        first_content = time.monotonic()
             elif line.startswith(":"):
                 keepalives += 1
-    text = "".join(
-        (e.get("choices") or [{}])[0].get("delta", {}).get("content") or ""
-        for e in events
-        if isinstance(e, dict)
-    )
+    ended = time.monotonic()
+    return StreamRead(status, request_id, chunks, keepalives, done, sent, first_content, ended)
+
+
+def _stream(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
+    read = read_stream(client, body)
     return {
-        "status": status,
-        "request_id": request_id,
-        "chunks": len(events),
-        "keepalives": keepalives,
-        "done": done,
-        "final_usage": events[-1].get("usage") if events else None,
-        "simulator_text_sample": text[:60],
+        "status": read.status,
+        "request_id": read.request_id,
+        "chunks": len(read.chunks),
+        "keepalives": read.keepalives,
+        "done": read.done,
+        "final_usage": read.chunks[-1].get("usage") if read.chunks else None,
+        "simulator_text_sample": read.text[:60],
     }
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from gateway.auth import mint_dev_token
+from gateway.demo import read_stream
 from gateway.testing.harness import (
     DEMO_SECRET_ENV,
     Gateway,
@@ -88,48 +89,27 @@ def _body(max_tokens: int, **extra: Any) -> dict[str, Any]:
 
 def _stream(client: httpx.Client, max_tokens: int) -> dict[str, Any]:
     body = _body(max_tokens, stream=True, stream_options={"include_usage": True})
-    chunks: list[dict[str, Any]] = []
-    keepalives = 0
-    done = False
-    first_content: float | None = None
-    sent = time.monotonic()
-    with client.stream("POST", "/v1/chat/completions", json=body) as response:
-        status = response.status_code
-        request_id = response.headers.get("x-request-id")
-        for line in response.iter_lines():
-            if line == "data: [DONE]":
-                done = True
-            elif line.startswith("data: "):
-                chunk = json.loads(line[6:])
-                chunks.append(chunk)
-                choices = chunk.get("choices") or [{}]
-                if first_content is None and (choices[0].get("delta") or {}).get("content"):
-                    first_content = time.monotonic()
-            elif line.startswith(":"):
-                keepalives += 1
-    ended = time.monotonic()
+    read = read_stream(client, body)
+    chunks, first_content = read.chunks, read.first_content
     usage = chunks[-1].get("usage") if chunks else None
-    text = "".join(
-        ((c.get("choices") or [{}])[0].get("delta") or {}).get("content") or "" for c in chunks
-    )
     tokens = usage["completion_tokens"] if usage else None
-    decode_s = ended - first_content if first_content is not None else None
+    decode_s = read.ended - first_content if first_content is not None else None
     return {
-        "status": status,
-        "request_id": request_id,
+        "status": read.status,
+        "request_id": read.request_id,
         "chunks": len(chunks),
-        "keepalives": keepalives,
-        "done": done,
+        "keepalives": read.keepalives,
+        "done": read.done,
         "finish_reason": chunks[-1]["choices"][0]["finish_reason"] if chunks else None,
         "engine_usage": usage,
         "caller_measured": {
-            "ttft_ms": round((first_content - sent) * 1000, 1) if first_content else None,
-            "stream_s": round(ended - sent, 3),
+            "ttft_ms": round((first_content - read.sent) * 1000, 1) if first_content else None,
+            "stream_s": round(read.ended - read.sent, 3),
             "tokens_per_s_after_first": round((tokens - 1) / decode_s, 1)
             if tokens and decode_s
             else None,
         },
-        "text_sample (meaningless)": text[:80],
+        "text_sample (meaningless)": read.text[:80],
     }
 
 

@@ -100,9 +100,7 @@ class ResponseBook:
                 or self._pending_bytes + len(body) > MAX_PENDING_BODY_BYTES
             ):
                 body = None
-            old = self._pending.get((tenant, response_id))
-            if old is not None and old[1] is not None:
-                self._pending_bytes -= len(old[1])
+            self._drop((tenant, response_id))
             self._pending[(tenant, response_id)] = (alias, body, self._clock() + self._ttl_s)
             if body is not None:
                 self._pending_bytes += len(body)
@@ -112,9 +110,13 @@ class ResponseBook:
         """Forget pending ids past their expiry (under the lock)."""
         now = self._clock()
         for key in [k for k, v in self._pending.items() if v[2] <= now]:
-            body = self._pending.pop(key)[1]
-            if body is not None:
-                self._pending_bytes -= len(body)
+            self._drop(key)
+
+    def _drop(self, key: _Key) -> None:
+        """Forget a pending id, if noted, and its body's bytes (under the lock)."""
+        noted = self._pending.pop(key, None)
+        if noted is not None and noted[1] is not None:
+            self._pending_bytes -= len(noted[1])
 
     async def flush(self) -> int:
         """Write everything noted so far; the number of ids written."""
@@ -132,9 +134,7 @@ class ResponseBook:
                 for key, noted in batch.items():
                     # A note of the same id meanwhile stays for the next batch.
                     if self._pending.get(key) is noted:
-                        del self._pending[key]
-                        if noted[1] is not None:
-                            self._pending_bytes -= len(noted[1])
+                        self._drop(key)
             return len(rows)
 
     async def _flusher(self) -> None:
@@ -188,6 +188,4 @@ class ResponseBook:
             # The catalog first: a delete that fails leaves the id as it was.
             await anyio.to_thread.run_sync(self._catalog.forget_response, tenant, response_id)
             with self._lock:
-                noted = self._pending.pop((tenant, response_id), None)
-                if noted is not None and noted[1] is not None:
-                    self._pending_bytes -= len(noted[1])
+                self._drop((tenant, response_id))

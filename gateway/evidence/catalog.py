@@ -114,6 +114,14 @@ def _translate(exc: sqlite3.Error) -> GatewayError:
     return GatewayError("storage_error")
 
 
+def _usage(conn: sqlite3.Connection, tenant: str, not_before: int) -> tuple[int, int]:
+    count, used = conn.execute(
+        f"SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM records WHERE {_LIVE}",  # noqa: S608 - constant text
+        (tenant, not_before),
+    ).fetchone()
+    return int(count), int(used)
+
+
 def new_evidence_id() -> str:
     # 16 random bytes are 26 base32 characters once the padding is dropped.
     return "ev_" + base64.b32encode(secrets.token_bytes(16)).decode("ascii").rstrip("=").lower()
@@ -229,11 +237,8 @@ class Catalog:
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        with self._read() as conn:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise _translate(exc) from exc
+        with self._read() as conn:  # which translates every sqlite3.Error raised in here
+            conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
                 conn.execute("COMMIT")
@@ -269,10 +274,7 @@ class Catalog:
         )
         with self._write() as conn:
             if quota is not None:
-                count, used = conn.execute(
-                    f"SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM records WHERE {_LIVE}",  # noqa: S608 - constant text
-                    (tenant, not_before),
-                ).fetchone()
+                count, used = _usage(conn, tenant, not_before)
                 if count + 1 > quota[0] or used + size > quota[1]:
                     raise GatewayError("evidence_quota_exceeded")
             conn.execute(
@@ -314,11 +316,7 @@ class Catalog:
     def usage(self, tenant: str, not_before: int = 0) -> tuple[int, int]:
         """(records, bytes) of the tenant's live records."""
         with self._read() as conn:
-            count, used = conn.execute(
-                f"SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM records WHERE {_LIVE}",  # noqa: S608
-                (tenant, not_before),
-            ).fetchone()
-        return int(count), int(used)
+            return _usage(conn, tenant, not_before)
 
     def page(
         self, tenant: str, limit: int, after: str | None = None, not_before: int = 0
@@ -409,14 +407,11 @@ class Catalog:
     def record_responses(self, rows: list[ResponseRow]) -> None:
         """Record noted Responses ids, all in one transaction."""
         with self._write() as conn:
-            try:
-                conn.executemany(
-                    "INSERT OR REPLACE INTO responses (tenant, id, alias, expires, body) "
-                    "VALUES (?, ?, ?, ?, ?)",
-                    rows,
-                )
-            except sqlite3.Error as exc:
-                raise _translate(exc) from exc
+            conn.executemany(
+                "INSERT OR REPLACE INTO responses (tenant, id, alias, expires, body) "
+                "VALUES (?, ?, ?, ?, ?)",
+                rows,
+            )
 
     def response_entry(self, tenant: str, response_id: str) -> tuple[str, bytes | None] | None:
         """(alias, kept response object) of the tenant's live response id; None if

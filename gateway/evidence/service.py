@@ -199,12 +199,7 @@ class EvidenceService:
         """Stage bytes already in hand (``evidence add``) the way an HTTP upload is."""
         if len(data) > tenant.limits.max_media_bytes:
             raise GatewayError("body_too_large", "The media file exceeds the tenant's size limit.")
-        upload = self.begin_upload()
-        try:
-            upload.write(data)
-        except BaseException:
-            upload.discard()
-            raise
+        upload = self._store.stage(data)
         return self.commit_upload(tenant, upload, content_type, locator)[0]
 
     def upload_inline(
@@ -221,12 +216,7 @@ class EvidenceService:
             raise GatewayError(
                 "modality_not_allowed", f"A {kind} part refers to {media.modality} data."
             )
-        upload = self.begin_upload()
-        try:
-            upload.write(data)
-        except BaseException:
-            upload.discard()
-            raise
+        upload = self._store.stage(data)
         # Its own record: never the tenant's (which the request's end would delete),
         # and never an upload's answer either (the request's end deletes it).
         with self._store.exclusive():  # no upload deduplicates before it is marked

@@ -168,6 +168,8 @@ class EvidenceStore:
                 if self._intact(target, digest):
                     upload.discard()
                     return stored
+                # Read-only before it becomes visible: no moment exists where
+                # the final name is writable.
                 os.fchmod(fd, 0o444)
                 os.fsync(fd)
                 os.close(fd)
@@ -180,21 +182,20 @@ class EvidenceStore:
                 raise GatewayError("storage_error") from exc
         return stored
 
+    def stage(self, data: bytes) -> TempUpload:
+        """A temp upload holding bytes already in hand (discarded if the write fails)."""
+        upload = self.begin_upload()
+        try:
+            upload.write(data)
+        except BaseException:
+            upload.discard()
+            raise
+        return upload
+
     def put(self, data: bytes, media: MediaType) -> StoredFile:
-        """Store ``data`` as ``<sha256>.<ext>`` unless an intact copy is already there."""
-        digest = hashlib.sha256(data).hexdigest()
-        target = self.path_for(digest, media.ext)
-        stored = StoredFile(digest, media.ext, len(data), target)
-        with self.exclusive():
-            try:
-                if self._intact(target, digest):
-                    return stored
-                # A damaged copy under the name is replaced by the good bytes.
-                self._write_new(target, data)
-                self._fsync_dir()
-            except OSError as exc:
-                raise GatewayError("storage_error") from exc
-        return stored
+        """Store ``data`` as ``<sha256>.<ext>`` unless an intact copy is already there
+        (a damaged copy under the name is replaced by the good bytes)."""
+        return self.adopt(self.stage(data), media)
 
     def read(self, sha256: str, ext: str) -> bytes:
         """The stored bytes, after checking they still hash to ``sha256``."""
@@ -277,26 +278,6 @@ class EvidenceStore:
         except FileNotFoundError:
             return False
         return hasher.hexdigest() == digest
-
-    def _write_new(self, target: Path, data: bytes) -> None:
-        fd, temp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=self._dir)
-        try:
-            try:
-                view = memoryview(data)
-                while view:
-                    written = os.write(fd, view)
-                    view = view[written:]
-                # Read-only before it becomes visible: no moment exists where
-                # the final name is writable.
-                os.fchmod(fd, 0o444)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(temp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temp)
-            raise
 
     def _fsync_dir(self) -> None:
         fd = os.open(self._dir, os.O_RDONLY | os.O_DIRECTORY)

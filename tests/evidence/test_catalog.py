@@ -6,11 +6,19 @@ import threading
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gateway.errors import GatewayError
-from gateway.evidence.catalog import Catalog, EvidenceRecord, is_evidence_id, new_evidence_id
+from gateway.evidence.catalog import (
+    Catalog,
+    EvidenceRecord,
+    ResponseRow,
+    StorageFull,
+    is_evidence_id,
+    new_evidence_id,
+)
 
 SHA_A = "a" * 64
 SHA_B = "b" * 64
@@ -157,3 +165,42 @@ def test_unopenable_catalog_is_storage_error(tmp_path: Path) -> None:
         Catalog(tmp_path / "dir.sqlite3")
     assert info.value.code == "storage_error"
     assert str(tmp_path) not in info.value.message
+
+
+class _FullVolume:
+    """A connection whose ``failing`` statement fails as SQLite does on a full volume."""
+
+    def __init__(self, real: sqlite3.Connection, failing: str) -> None:
+        self.real = real
+        self.failing = failing
+
+    def _check(self, sql: str) -> None:
+        if sql.startswith(self.failing):
+            exc = sqlite3.OperationalError("database or disk is full")
+            exc.sqlite_errorcode = sqlite3.SQLITE_FULL
+            raise exc
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+        self._check(sql)
+        return self.real.execute(sql, *args)
+
+    def executemany(self, sql: str, rows: Any) -> sqlite3.Cursor:
+        self._check(sql)
+        return self.real.executemany(sql, rows)
+
+
+@pytest.mark.parametrize("failing", ["BEGIN IMMEDIATE", "INSERT OR REPLACE INTO responses"])
+def test_a_full_volume_is_storage_full_whichever_statement_hits_it(
+    catalog: Catalog, failing: str
+) -> None:
+    real = catalog._conn
+    assert real is not None
+    catalog._conn = _FullVolume(real, failing)  # type: ignore[assignment]
+    try:
+        with pytest.raises(StorageFull) as info:
+            catalog.record_responses([ResponseRow("acme", "resp_x", "small", 1, None)])
+    finally:
+        catalog._conn = real
+    assert info.value.code == "storage_error"
+    assert isinstance(info.value.__cause__, sqlite3.OperationalError)
+    assert catalog.response_entry("acme", "resp_x") is None

@@ -38,6 +38,7 @@ from gateway.testing.simulator.plans import (
     chunk_text,
     dump,
     envelope,
+    mid_fault,
     token_text,
 )
 
@@ -47,12 +48,6 @@ _ERROR_JSON = (
 )
 
 _ERROR_RAW = b"data: simulated engine error\n\n"
-
-_NAMED_EVENT = (
-    b"event: agentic_tool_call_progress\n"
-    b'data: {"type":"agentic_tool_call_progress","round":1,"tool_name":"sim_tool",'
-    b'"phase":"calling","data":{"tool_type":"custom"}}\n\n'
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,18 +200,10 @@ def _stream_body(ctx: Ctx) -> Iterator[bytes | Pause | Op]:
     terminal_usage = _terminal_usage(ctx, count) if with_usage else None
     for i in range(count + 1):
         if i == middle and fault in _MID_FAULTS:
-            if fault == "close_mid":
-                yield Op.ABORT
-                return
-            if fault == "hang_mid":
-                yield Op.HANG
-                return
-            if fault == "named_event":
-                yield _NAMED_EVENT
-            else:
-                yield _ERROR_JSON if fault == "error_json" else _ERROR_RAW
-                yield DONE_EVENT
-                yield Op.END
+            yield from mid_fault(
+                fault, lambda: _ERROR_JSON if fault == "error_json" else _ERROR_RAW
+            )
+            if fault != "named_event":
                 return
         if i == count:
             break

@@ -31,6 +31,13 @@ DONE_EVENT = _DONE_EVENT
 
 UNICODE_WORDS = ("héllo", "wörld", "✓", "日本", "🙂")
 
+#: an agentic named event, as the engine can put one in any dialect's stream
+NAMED_EVENT = (
+    b"event: agentic_tool_call_progress\n"
+    b'data: {"type":"agentic_tool_call_progress","round":1,"tool_name":"sim_tool",'
+    b'"phase":"calling","data":{"tool_type":"custom"}}\n\n'
+)
+
 # tower-http CorsLayer with `Any` origin, as the real server answers every request.
 _COMMON_HEADERS = (
     ("access-control-allow-origin", "*"),
@@ -102,6 +109,23 @@ def sim_uuid(seed: int, number: int, kind: int) -> str:
     mask48, mask64 = (1 << 48) - 1, (1 << 64) - 1
     value = ((seed & mask64) << 64) | ((kind & 0x3FFF) << 48) | (number & mask48)
     return str(uuid.UUID(int=value, version=4))
+
+
+def mid_fault(fault: str, error: Callable[[], bytes]) -> Iterator[bytes | Op]:
+    """What a fault in the middle of a stream sends there: the cut, the silence,
+    or the dialect's in-band ``error()`` then ``[DONE]``, each the stream's end;
+    ``named_event`` only adds its event and the stream goes on. ``error`` is
+    called only when sent (a Responses event takes a sequence number)."""
+    if fault == "close_mid":
+        yield Op.ABORT
+    elif fault == "hang_mid":
+        yield Op.HANG
+    elif fault == "named_event":
+        yield NAMED_EVENT
+    else:
+        yield error()
+        yield DONE_EVENT
+        yield Op.END
 
 
 def dump(obj: Any) -> bytes:

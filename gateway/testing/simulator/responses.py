@@ -79,6 +79,7 @@ from gateway.testing.simulator.plans import (
     chunk_text,
     dump,
     envelope,
+    mid_fault,
     sim_uuid,
 )
 from gateway.testing.simulator.responses_input import ResponsesCall
@@ -87,11 +88,6 @@ from gateway.testing.simulator.store import BackgroundTask
 _ARGUMENTS = '{"q":1}'
 _ERROR = {"type": "internal_error", "message": "simulated engine error"}
 _MODEL_ERROR = {"type": "model_error", "message": "simulated model error"}
-_NAMED_EVENT = (
-    b"event: agentic_tool_call_progress\n"
-    b'data: {"type":"agentic_tool_call_progress","round":1,"tool_name":"sim_tool",'
-    b'"phase":"calling","data":{"tool_type":"custom"}}\n\n'
-)
 _MID_FAULTS = frozenset({"close_mid", "error_json", "hang_mid", "named_event"})
 _ID_CHANGED = 0x3FF
 
@@ -257,18 +253,8 @@ def _stream(run: Run) -> SseBody:
     final_has_text = shape.finish == "length" and count > 0
     for i in range(count + 1):
         if i == middle and fault in _MID_FAULTS:
-            if fault == "close_mid":
-                yield Op.ABORT
-                return
-            if fault == "hang_mid":
-                yield Op.HANG
-                return
-            if fault == "named_event":
-                yield _NAMED_EVENT
-            else:
-                yield event("error", error=_ERROR)
-                yield DONE_EVENT
-                yield Op.END
+            yield from mid_fault(fault, lambda: event("error", error=_ERROR))
+            if fault != "named_event":
                 return
         if i == count:
             break
