@@ -59,7 +59,7 @@ from gateway.apis.fields import (
 )
 from gateway.apis.media import check_count, plan_url
 from gateway.apis.response_events import ResponsesDialect
-from gateway.apis.sampling import compiled_bytes
+from gateway.apis.sampling import ENGINE_SAMPLING, HARMLESS_FIELDS, STREAM_OPTIONS, compiled_bytes
 from gateway.errors import GatewayError
 
 RESPONSE_ID = re.compile(r"resp_[A-Za-z0-9-]{1,64}")
@@ -147,10 +147,6 @@ _REASONING = obj(
         "effort": nullable(enum("off", "none", "low", "medium", "high", "xhigh", "max")),
         "summary": nullable(enum("concise", "detailed", "auto")),
     }
-)
-_GRAMMAR = obj(
-    {"type": enum("regex", "json_schema", "lark", "llguidance"), "value": any_json},
-    required=("type", "value"),
 )
 
 
@@ -263,7 +259,7 @@ FIELDS: dict[str, Spec] = {
     "instructions": nullable(string),
     "previous_response_id": nullable(string),
     "stream": boolean,
-    "stream_options": obj({"include_usage": boolean, "include_obfuscation": harmless}),
+    "stream_options": STREAM_OPTIONS,
     "background": _background,
     "store": boolean,
     "include": _include,
@@ -287,19 +283,8 @@ FIELDS: dict[str, Spec] = {
     "logit_bias": map_of(token_id, number()),
     "logprobs": boolean,
     "n": integer(ge=1, le=1),
-    "top_k": integer(ge=0),
-    "min_p": number(ge=0, le=1),
-    "repetition_penalty": number(),
-    "dry_multiplier": number(),
-    "dry_base": number(),
-    "dry_allowed_length": integer(ge=0),
-    "dry_sequence_breakers": list_of(string, max_items=256),
-    "grammar": _GRAMMAR,
-    # accepted and not forwarded (spec §14)
-    "metadata": harmless,
-    "service_tier": harmless,
-    "safety_identifier": harmless,
-    "prompt_cache_key": harmless,
+    **ENGINE_SAMPLING,
+    **HARMLESS_FIELDS,
 }
 FIELD_NAMES = frozenset(FIELDS)
 BODY = obj(FIELDS, required=("model", "input"), refused=_REFUSED)
