@@ -48,7 +48,7 @@ from typing import Any, Literal
 import orjson
 
 from gateway.apis.base import Plan, Report, StreamBounds, TextNul
-from gateway.apis.usage import estimate_output_tokens
+from gateway.apis.usage import estimate_output_tokens, usage_count
 from gateway.errors import GatewayError
 from gateway.sse import Framing, StreamValidator, violation
 
@@ -116,20 +116,6 @@ class StreamState(enum.Enum):
     ERROR = "error"
 
 
-def _upstream_error() -> GatewayError:
-    return GatewayError(
-        "upstream_error", "The inference worker reported an error.", outcome="upstream_error"
-    )
-
-
-def _count(usage: dict[str, Any], key: str) -> int:
-    value = usage.get(key)
-    # bool is an int subclass; a JSON true is not a token count
-    if type(value) is not int or value < 0:
-        raise violation("Upstream usage counts are not non-negative integers.")
-    return value
-
-
 class ChunkGrammar:
     """Chat/completion chunk rules over framed events; see the module docstring."""
 
@@ -178,11 +164,11 @@ class ChunkGrammar:
                 raise violation("Upstream chunk is not valid JSON.") from None
             if not data:
                 raise violation("Upstream sent an empty data event.") from None
-            raise _upstream_error() from None
+            raise GatewayError("upstream_error") from None
         if not isinstance(obj, dict):
             raise violation("Upstream chunk is not a JSON object.")
         if obj.get("error") is not None:
-            raise _upstream_error()
+            raise GatewayError("upstream_error")
         return self._on_chunk(obj)
 
     def _check_identity(self, obj: dict[str, Any]) -> None:
@@ -302,9 +288,9 @@ class ChunkGrammar:
         return value
 
     def _check_usage(self, usage: dict[str, Any]) -> dict[str, Any]:
-        prompt = _count(usage, "prompt_tokens")
-        completion = _count(usage, "completion_tokens")
-        if prompt + completion != _count(usage, "total_tokens"):
+        prompt = usage_count(usage, "prompt_tokens")
+        completion = usage_count(usage, "completion_tokens")
+        if prompt + completion != usage_count(usage, "total_tokens"):
             raise violation("Upstream usage does not add up.")
         max_tokens = self._rules.max_tokens
         if max_tokens is not None and completion > max_tokens:

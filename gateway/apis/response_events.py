@@ -40,7 +40,7 @@ import orjson
 
 from gateway.apis.base import Plan, Report, StreamBounds, TextNul
 from gateway.apis.chunks import DONE_FRAME, worker_text
-from gateway.apis.usage import estimate_output_tokens
+from gateway.apis.usage import estimate_output_tokens, usage_count
 from gateway.errors import GatewayError
 from gateway.sse import StreamValidator, violation
 
@@ -89,12 +89,6 @@ class ResponseEvent:
     text: str
 
 
-def _upstream_error() -> GatewayError:
-    return GatewayError(
-        "upstream_error", "The inference worker reported an error.", outcome="upstream_error"
-    )
-
-
 def _content_parts(
     response: dict[str, Any], *, messages_only: bool = False
 ) -> Iterator[dict[str, Any]]:
@@ -110,13 +104,6 @@ def _content_parts(
         content = entry.get("content")
         if isinstance(content, list):
             yield from (part for part in content if isinstance(part, dict))
-
-
-def _count(usage: dict[str, Any], key: str) -> int:
-    value = usage.get(key)
-    if type(value) is not int or value < 0:
-        raise violation("Upstream usage counts are not non-negative integers.")
-    return value
 
 
 class ResponsesGrammar:
@@ -160,7 +147,7 @@ class ResponsesGrammar:
         if self.terminal is not None:
             raise violation("Upstream sent an event after the terminal response event.")
         if name == "error":
-            raise _upstream_error()
+            raise GatewayError("upstream_error")
         if name != _CREATED and name not in OUTPUT_EVENTS and name not in TERMINAL_EVENTS:
             raise violation("Upstream sent an unknown Responses event.")
         obj = self._parse(data)
@@ -280,9 +267,9 @@ class ResponsesGrammar:
         self.nul_replaced = counted
 
     def _check_usage(self, usage: dict[str, Any]) -> dict[str, Any]:
-        prompt = _count(usage, "input_tokens")
-        output = _count(usage, "output_tokens")
-        if prompt + output != _count(usage, "total_tokens"):
+        prompt = usage_count(usage, "input_tokens")
+        output = usage_count(usage, "output_tokens")
+        if prompt + output != usage_count(usage, "total_tokens"):
             raise violation("Upstream usage does not add up.")
         if self._max_output_tokens is not None and output > self._max_output_tokens:
             raise violation("Upstream usage exceeds the request's max_output_tokens.")
