@@ -78,6 +78,12 @@ TEXT_DELTAS = frozenset(
     }
 )
 _CREATED = "response.created"
+#: every event name a stream may carry
+_KNOWN = OUTPUT_EVENTS | TERMINAL_EVENTS | {_CREATED}
+#: events whose ``delta`` is counted against the text bound (arguments too)
+_DELTAS = TEXT_DELTAS | {"response.function_call_arguments.delta"}
+#: the start of each event's frame to the caller, encoded once
+_FRAME_HEADS = {name: b"event: " + name.encode() + b"\ndata: " for name in _KNOWN}
 
 
 @dataclass(slots=True)
@@ -148,7 +154,7 @@ class ResponsesGrammar:
             raise violation("Upstream sent an event after the terminal response event.")
         if name == "error":
             raise GatewayError("upstream_error")
-        if name != _CREATED and name not in OUTPUT_EVENTS and name not in TERMINAL_EVENTS:
+        if name not in _KNOWN:
             raise violation("Upstream sent an unknown Responses event.")
         obj = self._parse(data)
         if obj.get("type") != name:
@@ -156,7 +162,7 @@ class ResponsesGrammar:
         seq = self._check_sequence(obj)
         self._check_response(name, obj)
         text = ""
-        if name in TEXT_DELTAS or name == "response.function_call_arguments.delta":
+        if name in _DELTAS:
             text = self._delta(obj)
             if name in TEXT_DELTAS:
                 self.deltas += 1
@@ -316,7 +322,7 @@ class ResponsesDialect:
                 self._response = response
         if self.collect:
             return None
-        return b"event: " + event.name.encode() + b"\ndata: " + orjson.dumps(event.data) + b"\n\n"
+        return _FRAME_HEADS[event.name] + orjson.dumps(event.data) + b"\n\n"
 
     def error_frame(self, exc: GatewayError) -> bytes:
         body = {
