@@ -38,7 +38,7 @@ from typing import Any
 
 import orjson
 
-from gateway.apis.base import Plan, Report, StreamBounds, TextNul
+from gateway.apis.base import OutputText, Plan, Report, StreamBounds, TextNul
 from gateway.apis.chunks import DONE_FRAME, worker_text
 from gateway.apis.usage import estimate_output_tokens, usage_count
 from gateway.errors import GatewayError
@@ -124,7 +124,6 @@ class ResponsesGrammar:
         loads: Callable[[bytes | str], Any] = json.loads,
     ) -> None:
         self._max_output_tokens = max_output_tokens
-        self._max_text_bytes = max_text_bytes
         self._text_nul = text_nul
         self._loads = loads
         self._next_seq: int | None = None
@@ -134,9 +133,8 @@ class ResponsesGrammar:
         self.model: str | None = None
         self.usage: dict[str, Any] | None = None
         self.incomplete_reason: str | None = None
-        self.text_bytes = 0
+        self.text = OutputText(max_text_bytes, text_nul, "event")
         self.deltas = 0
-        self.nul_replaced = 0
 
     @property
     def terminated(self) -> bool:
@@ -225,21 +223,8 @@ class ResponsesGrammar:
         if not isinstance(value, str):
             raise violation("Upstream event delta is not a string.")
         if "\x00" in value:
-            value = obj["delta"] = self._scrub(value)
-        try:
-            self.text_bytes += len(value) if value.isascii() else len(value.encode("utf-8"))
-        except UnicodeEncodeError:
-            raise violation("Upstream event text is not valid Unicode.") from None
-        if self.text_bytes > self._max_text_bytes:
-            raise violation("Upstream stream exceeded the text size limit.")
-        return value
-
-    def _scrub(self, value: str) -> str:
-        if self._text_nul == "reject":
-            raise violation("Upstream event text contains NUL.")
-        if self._text_nul == "replace":
-            self.nul_replaced += value.count("\x00")
-            return value.replace("\x00", "\ufffd")
+            value = obj["delta"] = self.text.scrub(value)
+        self.text.count(value)
         return value
 
     def _on_terminal(self, name: str, obj: dict[str, Any]) -> None:
@@ -263,14 +248,14 @@ class ResponsesGrammar:
     def _scrub_output(self, response: dict[str, Any]) -> None:
         """The terminal response repeats the output text: the same NUL rule applies
         (counted once, in the deltas)."""
-        counted = self.nul_replaced
+        counted = self.text.nul_replaced
         if isinstance(response.get("output_text"), str) and "\x00" in response["output_text"]:
-            response["output_text"] = self._scrub(response["output_text"])
+            response["output_text"] = self.text.scrub(response["output_text"])
         for part in _content_parts(response):
             text = part.get("text")
             if isinstance(text, str) and "\x00" in text:
-                part["text"] = self._scrub(text)
-        self.nul_replaced = counted
+                part["text"] = self.text.scrub(text)
+        self.text.nul_replaced = counted
 
     def _check_usage(self, usage: dict[str, Any]) -> dict[str, Any]:
         prompt = usage_count(usage, "input_tokens")
@@ -351,9 +336,9 @@ class ResponsesDialect:
             finish_reason=finish,
             usage=usage,
             counts=counts,
-            output_estimate=estimate_output_tokens(grammar.deltas, grammar.text_bytes),
+            output_estimate=estimate_output_tokens(grammar.deltas, grammar.text.bytes),
             outcome=outcome,
-            nul_replaced=grammar.nul_replaced,
+            nul_replaced=grammar.text.nul_replaced,
             response_id=grammar.response_id,
             final=self._response,
         )
