@@ -35,6 +35,7 @@ from gateway.apis.base import (
     require_text_modality,
     resolve_alias,
 )
+from gateway.apis.chat import FUNCTION_TOOL
 from gateway.apis.fields import (
     Spec,
     any_json,
@@ -79,52 +80,40 @@ _REFUSED: Mapping[str, str] = {
 }
 
 
+_FLAT_TOOL = obj(
+    {
+        "type": string,
+        "name": string,
+        "description": nullable(string),
+        "parameters": nullable(any_json),
+        "strict": nullable(boolean),
+    },
+    required=("name",),
+)
+_NAMED_CHOICE = obj(
+    {
+        "type": enum("function"),
+        "name": string,
+        "function": obj({"name": string}, required=("name",)),
+    },
+    required=("type",),
+)
+_CHOICE_MODE = enum("none", "auto", "required")
+
+
 def _function_tool(value: Any, path: str) -> Any:
     if isinstance(value, dict) and value.get("type") != "function":
         raise unsupported(child(path, "type"), "is not supported (only function tools are)")
     if isinstance(value, dict) and "function" in value:
         # The chat shape, which the worker also takes.
-        nested = obj(
-            {
-                "type": string,
-                "function": obj(
-                    {
-                        "name": string,
-                        "description": string,
-                        "parameters": any_json,
-                        "strict": nullable(boolean),
-                    },
-                    required=("name",),
-                ),
-            },
-            required=("function",),
-        )
-        return nested(value, path)
-    flat = obj(
-        {
-            "type": string,
-            "name": string,
-            "description": nullable(string),
-            "parameters": nullable(any_json),
-            "strict": nullable(boolean),
-        },
-        required=("name",),
-    )
-    return flat(value, path)
+        return FUNCTION_TOOL(value, path)
+    return _FLAT_TOOL(value, path)
 
 
 def _tool_choice(value: Any, path: str) -> Any:
     if isinstance(value, str):
-        return enum("none", "auto", "required")(value, path)
-    named = obj(
-        {
-            "type": enum("function"),
-            "name": string,
-            "function": obj({"name": string}, required=("name",)),
-        },
-        required=("type",),
-    )
-    return named(value, path)
+        return _CHOICE_MODE(value, path)
+    return _NAMED_CHOICE(value, path)
 
 
 _TEXT = obj(
