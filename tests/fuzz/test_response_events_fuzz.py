@@ -47,7 +47,7 @@ from gateway.apis.response_events import (
 from gateway.errors import GatewayError
 from gateway.sse import NEED_DATA, Done, Framing, KeepAlive
 from tests.fuzz.budget import budget
-from tests.fuzz.shapes import json_paths, split
+from tests.fuzz.shapes import json_paths, mutate, split
 from tests.support.sse import RESPONSE_ID, response_object
 
 pytestmark = pytest.mark.fuzz
@@ -514,19 +514,7 @@ def test_random_bytes_decide_alike_split_or_whole(
 def test_mutated_fixtures_decide_alike_split_or_whole(
     name: str, edits: list[tuple[int, str, bytes]], sizes: list[int], loader: str
 ) -> None:
-    data = bytearray(SEEDS[name])
-    for where, op, blob in edits:
-        at = where % (len(data) + 1)
-        if op == "d":
-            del data[at : at + max(1, len(blob))]
-        elif op == "i":
-            data[at:at] = blob
-        elif op == "r":
-            data[at : at + len(blob)] = blob
-        else:  # copy a slice of the stream elsewhere (long lines, extra events)
-            start = (where * 7919) % (len(data) + 1)
-            data[at:at] = data[start : start + 64 * (1 + len(blob))]
-    mutated = bytes(data)
+    mutated = mutate(SEEDS[name], edits)
     same_whole_and_split(mutated, sizes, EXPECTED[name]["rules"], loader)
     through_dialect(mutated, collect=False)
 

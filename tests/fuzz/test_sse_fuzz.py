@@ -22,7 +22,7 @@ from gateway.apis.chunks import SSEValidator, StreamRules
 from gateway.errors import GatewayError
 from gateway.sse import NEED_DATA, Done
 from tests.fuzz.budget import budget
-from tests.fuzz.shapes import split
+from tests.fuzz.shapes import mutate, split
 from tests.support.sse import chunk, event, usage
 
 pytestmark = pytest.mark.fuzz
@@ -86,16 +86,7 @@ def test_random_bytes(data: bytes, sizes: list[int], kind: str, loader: str) -> 
 def test_mutated_fixtures(
     seed: bytes, edits: list[tuple[int, str, bytes]], sizes: list[int], loader: str
 ) -> None:
-    data = bytearray(seed)
-    for where, op, blob in edits:
-        at = where % (len(data) + 1)
-        if op == "d":
-            del data[at : at + max(1, len(blob))]
-        elif op == "i":
-            data[at:at] = blob
-        else:
-            data[at : at + len(blob)] = blob
-    mutated = bytes(data)
+    mutated = mutate(seed, edits)
     rules = _rules("chat", loader)
     # The decision never depends on how the bytes were split.
     assert _feed(rules, split(mutated, sizes)) == _feed(rules, [mutated])
