@@ -25,7 +25,7 @@ from typing import Any, Literal, Protocol
 
 from gateway.errors import GatewayError
 from gateway.policy import Tenant
-from gateway.sse import Framing
+from gateway.sse import Framing, violation
 
 MediaKind = Literal["image", "audio", "video"]
 TextNul = Literal["replace", "pass", "reject"]
@@ -88,6 +88,40 @@ class StreamBounds:
     framing: Framing = field(default_factory=Framing)
     max_text_bytes: int = 16_777_216
     text_nul: TextNul = "replace"
+
+
+class OutputText:
+    """The output text of one stream, field by field: NUL under the route's
+    ``text_nul`` rule (spec §14), UTF-8 bytes counted against one bound. ``what``
+    names the stream's unit in a fault's message ("chunk", "event")."""
+
+    __slots__ = ("_max_bytes", "_text_nul", "_what", "bytes", "nul_replaced")
+
+    def __init__(self, max_bytes: int, text_nul: TextNul, what: str) -> None:
+        self._max_bytes = max_bytes
+        self._text_nul = text_nul
+        self._what = what
+        self.bytes = 0
+        self.nul_replaced = 0
+
+    def scrub(self, value: str) -> str:
+        """``value``, which holds NUL, under the ``text_nul`` rule."""
+        if self._text_nul == "reject":
+            raise violation(f"Upstream {self._what} text contains NUL.")
+        if self._text_nul == "replace":
+            # Real models emit U+0000 through byte-fallback tokens (spec §14).
+            self.nul_replaced += value.count("\x00")
+            return value.replace("\x00", "\ufffd")
+        return value
+
+    def count(self, value: str) -> None:
+        try:
+            self.bytes += len(value) if value.isascii() else len(value.encode("utf-8"))
+        except UnicodeEncodeError:
+            # a lone surrogate escape (\ud800) decodes but cannot be re-sent
+            raise violation(f"Upstream {self._what} text is not valid Unicode.") from None
+        if self.bytes > self._max_bytes:
+            raise violation("Upstream stream exceeded the text size limit.")
 
 
 @dataclass(slots=True)

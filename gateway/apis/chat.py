@@ -60,13 +60,14 @@ _FUNCTION = obj(
     {"name": string, "description": string, "parameters": any_json, "strict": nullable(boolean)},
     required=("name",),
 )
-_FUNCTION_TOOL = obj({"type": string, "function": _FUNCTION}, required=("function",))
+#: a function tool as chat completions send it (Responses takes this shape too)
+FUNCTION_TOOL = obj({"type": string, "function": _FUNCTION}, required=("function",))
 
 
 def _tool(value: Any, path: str) -> Any:
     if isinstance(value, dict) and value.get("type") != "function":
         raise unsupported(child(path, "type"), "is not supported (only function tools are)")
-    return _FUNCTION_TOOL(value, path)
+    return FUNCTION_TOOL(value, path)
 
 
 def _tool_choice(value: Any, path: str) -> Any:

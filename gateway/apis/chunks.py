@@ -47,8 +47,8 @@ from typing import Any, Literal
 
 import orjson
 
-from gateway.apis.base import Plan, Report, StreamBounds, TextNul
-from gateway.apis.usage import estimate_output_tokens
+from gateway.apis.base import OutputText, Plan, Report, StreamBounds, TextNul
+from gateway.apis.usage import estimate_output_tokens, usage_count
 from gateway.errors import GatewayError
 from gateway.sse import Framing, StreamValidator, violation
 
@@ -116,20 +116,6 @@ class StreamState(enum.Enum):
     ERROR = "error"
 
 
-def _upstream_error() -> GatewayError:
-    return GatewayError(
-        "upstream_error", "The inference worker reported an error.", outcome="upstream_error"
-    )
-
-
-def _count(usage: dict[str, Any], key: str) -> int:
-    value = usage.get(key)
-    # bool is an int subclass; a JSON true is not a token count
-    if type(value) is not int or value < 0:
-        raise violation("Upstream usage counts are not non-negative integers.")
-    return value
-
-
 class ChunkGrammar:
     """Chat/completion chunk rules over framed events; see the module docstring."""
 
@@ -140,8 +126,7 @@ class ChunkGrammar:
             ("stop", "length", "tool_calls") if rules.tools_requested else ("stop", "length")
         )
         self.state = StreamState.START
-        self.text_bytes = 0
-        self.nul_replaced = 0
+        self.text = OutputText(rules.max_text_bytes, rules.text_nul, "chunk")
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
         self.chunk_id: str | None = None
@@ -178,11 +163,11 @@ class ChunkGrammar:
                 raise violation("Upstream chunk is not valid JSON.") from None
             if not data:
                 raise violation("Upstream sent an empty data event.") from None
-            raise _upstream_error() from None
+            raise GatewayError("upstream_error") from None
         if not isinstance(obj, dict):
             raise violation("Upstream chunk is not a JSON object.")
         if obj.get("error") is not None:
-            raise _upstream_error()
+            raise GatewayError("upstream_error")
         return self._on_chunk(obj)
 
     def _check_identity(self, obj: dict[str, Any]) -> None:
@@ -277,34 +262,14 @@ class ChunkGrammar:
         if not isinstance(value, str):
             raise violation("Upstream chunk text is not a string.")
         if "\x00" in value:
-            value = self._on_nul(holder, key, value)
-        if value.isascii():
-            size = len(value)
-        else:
-            try:
-                size = len(value.encode("utf-8"))
-            except UnicodeEncodeError:
-                # a lone surrogate escape (\ud800) decodes but cannot be re-sent
-                raise violation("Upstream chunk text is not valid Unicode.") from None
-        self.text_bytes += size
-        if self.text_bytes > self._rules.max_text_bytes:
-            raise violation("Upstream stream exceeded the text size limit.")
-        return value
-
-    def _on_nul(self, holder: dict[str, Any], key: str, value: str) -> str:
-        policy = self._rules.text_nul
-        if policy == "reject":
-            raise violation("Upstream chunk text contains NUL.")
-        if policy == "replace":
-            # Real models emit U+0000 through byte-fallback tokens (spec §14).
-            self.nul_replaced += value.count("\x00")
-            value = holder[key] = value.replace("\x00", "\ufffd")
+            value = holder[key] = self.text.scrub(value)
+        self.text.count(value)
         return value
 
     def _check_usage(self, usage: dict[str, Any]) -> dict[str, Any]:
-        prompt = _count(usage, "prompt_tokens")
-        completion = _count(usage, "completion_tokens")
-        if prompt + completion != _count(usage, "total_tokens"):
+        prompt = usage_count(usage, "prompt_tokens")
+        completion = usage_count(usage, "completion_tokens")
+        if prompt + completion != usage_count(usage, "total_tokens"):
             raise violation("Upstream usage does not add up.")
         max_tokens = self._rules.max_tokens
         if max_tokens is not None and completion > max_tokens:
@@ -331,7 +296,7 @@ class SSEValidator(StreamValidator[Chunk]):
 
     @property
     def text_bytes(self) -> int:
-        return self.grammar.text_bytes
+        return self.grammar.text.bytes
 
     @property
     def finish_reason(self) -> str | None:
@@ -355,7 +320,7 @@ class SSEValidator(StreamValidator[Chunk]):
 
     @property
     def nul_replaced(self) -> int:
-        return self.grammar.nul_replaced
+        return self.grammar.text.nul_replaced
 
 
 # -- the worker's non-streaming text ----------------------------------------
@@ -527,9 +492,9 @@ class ChunkDialect:
             finish_reason=grammar.finish_reason,
             usage=usage,
             counts=counts,
-            output_estimate=estimate_output_tokens(self.content_chunks, grammar.text_bytes),
+            output_estimate=estimate_output_tokens(self.content_chunks, grammar.text.bytes),
             outcome="length" if grammar.finish_reason == "length" else "complete",
-            nul_replaced=grammar.nul_replaced,
+            nul_replaced=grammar.text.nul_replaced,
         )
 
     def answer(self, usage: dict[str, Any]) -> dict[str, Any]:

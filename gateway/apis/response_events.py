@@ -38,9 +38,9 @@ from typing import Any
 
 import orjson
 
-from gateway.apis.base import Plan, Report, StreamBounds, TextNul
+from gateway.apis.base import OutputText, Plan, Report, StreamBounds, TextNul
 from gateway.apis.chunks import DONE_FRAME, worker_text
-from gateway.apis.usage import estimate_output_tokens
+from gateway.apis.usage import estimate_output_tokens, usage_count
 from gateway.errors import GatewayError
 from gateway.sse import StreamValidator, violation
 
@@ -78,6 +78,12 @@ TEXT_DELTAS = frozenset(
     }
 )
 _CREATED = "response.created"
+#: every event name a stream may carry
+_KNOWN = OUTPUT_EVENTS | TERMINAL_EVENTS | {_CREATED}
+#: events whose ``delta`` is counted against the text bound (arguments too)
+_DELTAS = TEXT_DELTAS | {"response.function_call_arguments.delta"}
+#: the start of each event's frame to the caller, encoded once
+_FRAME_HEADS = {name: b"event: " + name.encode() + b"\ndata: " for name in _KNOWN}
 
 
 @dataclass(slots=True)
@@ -87,12 +93,6 @@ class ResponseEvent:
     name: str
     data: dict[str, Any]
     text: str
-
-
-def _upstream_error() -> GatewayError:
-    return GatewayError(
-        "upstream_error", "The inference worker reported an error.", outcome="upstream_error"
-    )
 
 
 def _content_parts(
@@ -112,13 +112,6 @@ def _content_parts(
             yield from (part for part in content if isinstance(part, dict))
 
 
-def _count(usage: dict[str, Any], key: str) -> int:
-    value = usage.get(key)
-    if type(value) is not int or value < 0:
-        raise violation("Upstream usage counts are not non-negative integers.")
-    return value
-
-
 class ResponsesGrammar:
     """The named-event rules; see the module docstring."""
 
@@ -131,7 +124,6 @@ class ResponsesGrammar:
         loads: Callable[[bytes | str], Any] = json.loads,
     ) -> None:
         self._max_output_tokens = max_output_tokens
-        self._max_text_bytes = max_text_bytes
         self._text_nul = text_nul
         self._loads = loads
         self._next_seq: int | None = None
@@ -141,9 +133,8 @@ class ResponsesGrammar:
         self.model: str | None = None
         self.usage: dict[str, Any] | None = None
         self.incomplete_reason: str | None = None
-        self.text_bytes = 0
+        self.text = OutputText(max_text_bytes, text_nul, "event")
         self.deltas = 0
-        self.nul_replaced = 0
 
     @property
     def terminated(self) -> bool:
@@ -160,8 +151,8 @@ class ResponsesGrammar:
         if self.terminal is not None:
             raise violation("Upstream sent an event after the terminal response event.")
         if name == "error":
-            raise _upstream_error()
-        if name != _CREATED and name not in OUTPUT_EVENTS and name not in TERMINAL_EVENTS:
+            raise GatewayError("upstream_error")
+        if name not in _KNOWN:
             raise violation("Upstream sent an unknown Responses event.")
         obj = self._parse(data)
         if obj.get("type") != name:
@@ -169,7 +160,7 @@ class ResponsesGrammar:
         seq = self._check_sequence(obj)
         self._check_response(name, obj)
         text = ""
-        if name in TEXT_DELTAS or name == "response.function_call_arguments.delta":
+        if name in _DELTAS:
             text = self._delta(obj)
             if name in TEXT_DELTAS:
                 self.deltas += 1
@@ -232,21 +223,8 @@ class ResponsesGrammar:
         if not isinstance(value, str):
             raise violation("Upstream event delta is not a string.")
         if "\x00" in value:
-            value = obj["delta"] = self._scrub(value)
-        try:
-            self.text_bytes += len(value) if value.isascii() else len(value.encode("utf-8"))
-        except UnicodeEncodeError:
-            raise violation("Upstream event text is not valid Unicode.") from None
-        if self.text_bytes > self._max_text_bytes:
-            raise violation("Upstream stream exceeded the text size limit.")
-        return value
-
-    def _scrub(self, value: str) -> str:
-        if self._text_nul == "reject":
-            raise violation("Upstream event text contains NUL.")
-        if self._text_nul == "replace":
-            self.nul_replaced += value.count("\x00")
-            return value.replace("\x00", "\ufffd")
+            value = obj["delta"] = self.text.scrub(value)
+        self.text.count(value)
         return value
 
     def _on_terminal(self, name: str, obj: dict[str, Any]) -> None:
@@ -270,19 +248,19 @@ class ResponsesGrammar:
     def _scrub_output(self, response: dict[str, Any]) -> None:
         """The terminal response repeats the output text: the same NUL rule applies
         (counted once, in the deltas)."""
-        counted = self.nul_replaced
+        counted = self.text.nul_replaced
         if isinstance(response.get("output_text"), str) and "\x00" in response["output_text"]:
-            response["output_text"] = self._scrub(response["output_text"])
+            response["output_text"] = self.text.scrub(response["output_text"])
         for part in _content_parts(response):
             text = part.get("text")
             if isinstance(text, str) and "\x00" in text:
-                part["text"] = self._scrub(text)
-        self.nul_replaced = counted
+                part["text"] = self.text.scrub(text)
+        self.text.nul_replaced = counted
 
     def _check_usage(self, usage: dict[str, Any]) -> dict[str, Any]:
-        prompt = _count(usage, "input_tokens")
-        output = _count(usage, "output_tokens")
-        if prompt + output != _count(usage, "total_tokens"):
+        prompt = usage_count(usage, "input_tokens")
+        output = usage_count(usage, "output_tokens")
+        if prompt + output != usage_count(usage, "total_tokens"):
             raise violation("Upstream usage does not add up.")
         if self._max_output_tokens is not None and output > self._max_output_tokens:
             raise violation("Upstream usage exceeds the request's max_output_tokens.")
@@ -329,7 +307,7 @@ class ResponsesDialect:
                 self._response = response
         if self.collect:
             return None
-        return b"event: " + event.name.encode() + b"\ndata: " + orjson.dumps(event.data) + b"\n\n"
+        return _FRAME_HEADS[event.name] + orjson.dumps(event.data) + b"\n\n"
 
     def error_frame(self, exc: GatewayError) -> bytes:
         body = {
@@ -358,9 +336,9 @@ class ResponsesDialect:
             finish_reason=finish,
             usage=usage,
             counts=counts,
-            output_estimate=estimate_output_tokens(grammar.deltas, grammar.text_bytes),
+            output_estimate=estimate_output_tokens(grammar.deltas, grammar.text.bytes),
             outcome=outcome,
-            nul_replaced=grammar.nul_replaced,
+            nul_replaced=grammar.text.nul_replaced,
             response_id=grammar.response_id,
             final=self._response,
         )

@@ -35,6 +35,7 @@ from gateway.apis.base import (
     require_text_modality,
     resolve_alias,
 )
+from gateway.apis.chat import FUNCTION_TOOL
 from gateway.apis.fields import (
     Spec,
     any_json,
@@ -59,7 +60,7 @@ from gateway.apis.fields import (
 )
 from gateway.apis.media import check_count, plan_url
 from gateway.apis.response_events import ResponsesDialect
-from gateway.apis.sampling import compiled_bytes
+from gateway.apis.sampling import ENGINE_SAMPLING, HARMLESS_FIELDS, STREAM_OPTIONS, compiled_bytes
 from gateway.errors import GatewayError
 
 RESPONSE_ID = re.compile(r"resp_[A-Za-z0-9-]{1,64}")
@@ -79,52 +80,40 @@ _REFUSED: Mapping[str, str] = {
 }
 
 
+_FLAT_TOOL = obj(
+    {
+        "type": string,
+        "name": string,
+        "description": nullable(string),
+        "parameters": nullable(any_json),
+        "strict": nullable(boolean),
+    },
+    required=("name",),
+)
+_NAMED_CHOICE = obj(
+    {
+        "type": enum("function"),
+        "name": string,
+        "function": obj({"name": string}, required=("name",)),
+    },
+    required=("type",),
+)
+_CHOICE_MODE = enum("none", "auto", "required")
+
+
 def _function_tool(value: Any, path: str) -> Any:
     if isinstance(value, dict) and value.get("type") != "function":
         raise unsupported(child(path, "type"), "is not supported (only function tools are)")
     if isinstance(value, dict) and "function" in value:
         # The chat shape, which the worker also takes.
-        nested = obj(
-            {
-                "type": string,
-                "function": obj(
-                    {
-                        "name": string,
-                        "description": string,
-                        "parameters": any_json,
-                        "strict": nullable(boolean),
-                    },
-                    required=("name",),
-                ),
-            },
-            required=("function",),
-        )
-        return nested(value, path)
-    flat = obj(
-        {
-            "type": string,
-            "name": string,
-            "description": nullable(string),
-            "parameters": nullable(any_json),
-            "strict": nullable(boolean),
-        },
-        required=("name",),
-    )
-    return flat(value, path)
+        return FUNCTION_TOOL(value, path)
+    return _FLAT_TOOL(value, path)
 
 
 def _tool_choice(value: Any, path: str) -> Any:
     if isinstance(value, str):
-        return enum("none", "auto", "required")(value, path)
-    named = obj(
-        {
-            "type": enum("function"),
-            "name": string,
-            "function": obj({"name": string}, required=("name",)),
-        },
-        required=("type",),
-    )
-    return named(value, path)
+        return _CHOICE_MODE(value, path)
+    return _NAMED_CHOICE(value, path)
 
 
 _TEXT = obj(
@@ -147,10 +136,6 @@ _REASONING = obj(
         "effort": nullable(enum("off", "none", "low", "medium", "high", "xhigh", "max")),
         "summary": nullable(enum("concise", "detailed", "auto")),
     }
-)
-_GRAMMAR = obj(
-    {"type": enum("regex", "json_schema", "lark", "llguidance"), "value": any_json},
-    required=("type", "value"),
 )
 
 
@@ -263,7 +248,7 @@ FIELDS: dict[str, Spec] = {
     "instructions": nullable(string),
     "previous_response_id": nullable(string),
     "stream": boolean,
-    "stream_options": obj({"include_usage": boolean, "include_obfuscation": harmless}),
+    "stream_options": STREAM_OPTIONS,
     "background": _background,
     "store": boolean,
     "include": _include,
@@ -287,19 +272,8 @@ FIELDS: dict[str, Spec] = {
     "logit_bias": map_of(token_id, number()),
     "logprobs": boolean,
     "n": integer(ge=1, le=1),
-    "top_k": integer(ge=0),
-    "min_p": number(ge=0, le=1),
-    "repetition_penalty": number(),
-    "dry_multiplier": number(),
-    "dry_base": number(),
-    "dry_allowed_length": integer(ge=0),
-    "dry_sequence_breakers": list_of(string, max_items=256),
-    "grammar": _GRAMMAR,
-    # accepted and not forwarded (spec §14)
-    "metadata": harmless,
-    "service_tier": harmless,
-    "safety_identifier": harmless,
-    "prompt_cache_key": harmless,
+    **ENGINE_SAMPLING,
+    **HARMLESS_FIELDS,
 }
 FIELD_NAMES = frozenset(FIELDS)
 BODY = obj(FIELDS, required=("model", "input"), refused=_REFUSED)

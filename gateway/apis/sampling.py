@@ -1,5 +1,7 @@
 """Fields chat and text completions share: OpenAI sampling and mistral.rs's
 extensions (reference §6), each with its type, plus what neither forwards.
+Responses takes the extensions (:data:`ENGINE_SAMPLING`) and the harmless
+names too, with its own OpenAI sampling fields.
 
 Refused names (spec §12) are the agentic and server-side-tool fields, named
 so the refusal says why; harmless names (spec §14) change nothing for the
@@ -49,12 +51,24 @@ HARMLESS_FIELDS: Mapping[str, Spec] = {
     name: harmless for name in ("metadata", "service_tier", "safety_identifier", "prompt_cache_key")
 }
 
-_GRAMMAR = obj(
+GRAMMAR = obj(
     {"type": enum("regex", "json_schema", "lark", "llguidance"), "value": any_json},
     required=("type", "value"),
 )
 
 STREAM_OPTIONS = obj({"include_usage": boolean, "include_obfuscation": harmless})
+
+#: mistral.rs's sampling extensions (reference §6), the same on every generating endpoint
+ENGINE_SAMPLING: Mapping[str, Spec] = {
+    "top_k": integer(ge=0),
+    "min_p": number(ge=0, le=1),
+    "repetition_penalty": number(),
+    "dry_multiplier": number(),
+    "dry_base": number(),
+    "dry_allowed_length": integer(ge=0),
+    "dry_sequence_breakers": list_of(string, max_items=256),
+    "grammar": GRAMMAR,
+}
 
 SAMPLING: Mapping[str, Spec] = {
     "model": string,
@@ -70,14 +84,7 @@ SAMPLING: Mapping[str, Spec] = {
     "logit_bias": map_of(token_id, number()),
     "seed": integer(),
     "user": string,
-    "top_k": integer(ge=0),
-    "min_p": number(ge=0, le=1),
-    "repetition_penalty": number(),
-    "dry_multiplier": number(),
-    "dry_base": number(),
-    "dry_allowed_length": integer(ge=0),
-    "dry_sequence_breakers": list_of(string, max_items=256),
-    "grammar": _GRAMMAR,
+    **ENGINE_SAMPLING,
     "truncate_sequence": boolean,
     **HARMLESS_FIELDS,
 }

@@ -10,12 +10,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.sse import violation
+
 
 def estimate_prompt_tokens(prompt_bytes: int) -> int:
     """The spec's prompt estimate: one token per four bytes, rounded up."""
     if prompt_bytes < 0:
         raise ValueError("prompt_bytes must not be negative")
     return -(-prompt_bytes // 4)
+
+
+def usage_count(usage: dict[str, Any], key: str) -> int:
+    """One token count of the worker's usage object, which must be a
+    non-negative integer (bool is an int subclass; a JSON true is no count)."""
+    value = usage.get(key)
+    if type(value) is not int or value < 0:
+        raise violation("Upstream usage counts are not non-negative integers.")
+    return value
 
 
 def estimate_output_tokens(content_events: int, content_bytes: int) -> int:

@@ -25,7 +25,7 @@ from gateway.apis.chunks import (
 )
 from gateway.errors import GatewayError
 from gateway.sse import NEED_DATA, Done, KeepAlive
-from tests.support.sse import MODEL, chunk, event, usage
+from tests.support.sse import MODEL, chunk, drain, event, usage
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "sse"
 EXPECTED: dict[str, dict[str, Any]] = json.loads((FIXTURES / "expected.json").read_text())
@@ -69,18 +69,8 @@ def cut(data: bytes, points: Iterable[int]) -> list[bytes]:
 def replay(data: bytes, rules: StreamRules, pieces: Iterable[bytes] | None = None) -> Replay:
     """Feed the pieces then EOF, draining events after every feed."""
     validator = SSEValidator(rules)
-    result = Replay(validator)
-    try:
-        for piece in [*(pieces if pieces is not None else [data]), b""]:
-            validator.receive_data(piece)
-            while (event := validator.next_event()) is not NEED_DATA:
-                result.events.append(event)
-                if isinstance(event, Done):
-                    return result
-    except GatewayError as exc:
-        result.error = exc
-        return result
-    raise AssertionError("the validator still wanted data after EOF")
+    events, error = drain(validator, pieces if pieces is not None else [data])
+    return Replay(validator, events, error)
 
 
 def byte_by_byte(data: bytes) -> list[bytes]:

@@ -22,7 +22,7 @@ from gateway.apis.response_events import (
 )
 from gateway.errors import GatewayError
 from gateway.sse import NEED_DATA, Done, Framing, KeepAlive
-from tests.support.sse import MODEL, RESPONSE_ID, response_bytes, response_stream
+from tests.support.sse import MODEL, RESPONSE_ID, drain, response_bytes, response_stream
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "sse" / "responses"
 EXPECTED: dict[str, dict[str, Any]] = json.loads((FIXTURES / "expected.json").read_text())
@@ -51,18 +51,9 @@ def validator(rules: dict[str, Any]) -> ResponsesValidator:
 
 
 def replay(data: bytes, rules: dict[str, Any], pieces: Iterable[bytes] | None = None) -> Replay:
-    result = Replay(validator(rules))
-    try:
-        for piece in [*(pieces if pieces is not None else [data]), b""]:
-            result.validator.receive_data(piece)
-            while (event := result.validator.next_event()) is not NEED_DATA:
-                result.events.append(event)
-                if isinstance(event, Done):
-                    return result
-    except GatewayError as exc:
-        result.error = exc
-        return result
-    raise AssertionError("the validator still wanted data after EOF")
+    checked = validator(rules)
+    events, error = drain(checked, pieces if pieces is not None else [data])
+    return Replay(checked, events, error)
 
 
 def splits(data: bytes, seed: int) -> list[bytes]:

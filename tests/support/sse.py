@@ -6,9 +6,31 @@ Shared by the validator's tests and its micro-benchmark (bench/bench_sse.py).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
+from gateway.errors import GatewayError
+from gateway.sse import NEED_DATA, Done, StreamValidator
+
 MODEL = "Qwen/Qwen3-4B"
+
+
+def drain(
+    validator: StreamValidator[Any], pieces: Iterable[bytes]
+) -> tuple[list[Any], GatewayError | None]:
+    """Feed the pieces then EOF, draining events after every feed: the events
+    (up to :class:`Done`) and the error that ended them, if one did."""
+    events: list[Any] = []
+    try:
+        for piece in [*pieces, b""]:
+            validator.receive_data(piece)
+            while (event := validator.next_event()) is not NEED_DATA:
+                events.append(event)
+                if isinstance(event, Done):
+                    return events, None
+    except GatewayError as exc:
+        return events, exc
+    raise AssertionError("the validator still wanted data after EOF")
 
 
 def dumps(obj: Any) -> bytes:
