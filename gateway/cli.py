@@ -42,6 +42,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from gateway.preflight import load_checked
+    from gateway.upstream.table import capacities
 
     checked = load_checked(Path(args.config), os.environ)
     if checked.loaded is None:
@@ -54,9 +55,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     loaded = checked.loaded
     config = loaded.config
     print(f"config: {args.config}: ok")
+    capacity_of = capacities(config)
     for upstream in config.workers:
         routes = ", ".join(upstream.served_routes)
-        capacity = upstream.capacity or config.admission.capacity
+        capacity = capacity_of[upstream.name]
         print(
             f"upstream {upstream.name}: {upstream.base_url} capacity {capacity} "
             f"probe {'on' if upstream.probe else 'off'} routes [{routes}]"
