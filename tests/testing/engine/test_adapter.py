@@ -89,8 +89,9 @@ def test_a_greedy_stream_is_framed_as_the_server_frames_it(tiny: EngineAdapter) 
 def test_keep_alives_are_bare_comments_between_whole_events(tiny: EngineAdapter) -> None:
     _, stream = _stream(tiny, chat_body(max_tokens=64))  # parse_sse: strict framing
     assert stream.keepalives > 0
-    first_chunk = stream.raw.index(b"data: {")
-    assert b"}\n\n:\n\n" in stream.raw[first_chunk:]  # between chunks, not only before
+    # Between chunks too: asserted on the small model (test_lane_small), whose
+    # tokens take ~10 ms against the 1 ms keep-alive; the tiny one can decode
+    # 64 tokens in 14 ms with none of them 1 ms apart.
     assert stream.events[-1] == "[DONE]"
 
 
