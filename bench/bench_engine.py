@@ -40,7 +40,7 @@ import httpx
 
 from bench.procs import Child, wait_ready
 from gateway.auth import mint_dev_token
-from gateway.loader import load_config
+from gateway.config.loader import load_config
 from gateway.testing.engine.process import EngineAdapter, cpu_seconds, start_adapter
 from gateway.testing.harness import DEMO_SECRET_ENV, default_policy, new_dev_secret, write_config
 
@@ -179,7 +179,14 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="bench-engine-") as tmp:
             workdir = Path(tmp)
             config = _config(workdir, adapter)
-            argv_serve = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)]
+            argv_serve = [
+                sys.executable,
+                "-m",
+                "gateway.tools.cli",
+                "serve",
+                "--config",
+                str(config),
+            ]
             gateway = Child("gateway", [*argv_serve, "--port", "0"], workdir, env)
             port = gateway.wait_listening()
             gw_url = f"http://127.0.0.1:{port}"

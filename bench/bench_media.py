@@ -136,7 +136,16 @@ def run(quick: bool) -> dict[str, Any]:
         config = _config(workdir, sim.port)
         gw = Child(
             "gateway",
-            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", "0"],
+            [
+                sys.executable,
+                "-m",
+                "gateway.tools.cli",
+                "serve",
+                "--config",
+                str(config),
+                "--port",
+                "0",
+            ],
             workdir,
             env,
         )

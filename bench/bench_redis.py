@@ -42,7 +42,7 @@ from bench.bench_limits import reserve_timings
 from bench.loadgen import LoadResult, close_connections, http_post, open_connections, run_load
 from bench.procs import Child, gateway_command, start_simulator, wait_ready
 from gateway.auth import mint_dev_token
-from gateway.loader import load_config
+from gateway.config.loader import load_config
 from gateway.ratelimit import LimitsStore, MemoryLimitsStore, RedisLimitsStore, TenantLimits
 from gateway.testing.harness import (
     DEMO_SECRET_ENV,

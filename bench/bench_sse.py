@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from gateway.apis.chunks import SSEValidator, StreamRules
-from gateway.sse import NEED_DATA, Done
+from gateway.core.sse import NEED_DATA, Done
 from tests.support.sse import chunk, event, usage
 
 TOKENS = 4000

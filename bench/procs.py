@@ -102,9 +102,9 @@ def start_simulator(workdir: Path, env: dict[str, str], cpus: set[int] | None = 
 
 
 def gateway_command() -> list[str]:
-    """The installed ``mistralrs-gateway`` script, else ``python -m gateway.cli``."""
+    """The installed ``mistralrs-gateway`` script, else ``python -m gateway.tools.cli``."""
     script = Path(sys.executable).parent / "mistralrs-gateway"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "gateway.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "gateway.tools.cli"]
 
 
 def wait_ready(port: int, timeout_s: float = 20) -> None:

@@ -24,11 +24,11 @@ from redis import Redis
 from redis.exceptions import RedisError
 
 from gateway.config import GatewayConfig, UpstreamConfig
-from gateway.kustomize import policies_generator
-from gateway.launch import build_plan, check_argv, launch_plan_json
-from gateway.loader import Loaded, load_all, policy_files
+from gateway.config.loader import Loaded, load_all, policy_files
+from gateway.pipeline.runtime import shutdown_bound_s
 from gateway.ratelimit import RedisLimitsStore, TenantLimits
-from gateway.runtime import shutdown_bound_s
+from gateway.tools.kustomize import policies_generator
+from gateway.upstream.launch import build_plan, check_argv, launch_plan_json
 from tests.support.redis import REDIS_SERVER, free_port
 
 ROOT = Path(__file__).resolve().parent.parent

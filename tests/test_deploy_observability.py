@@ -23,8 +23,8 @@ import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
 from gateway.config import GatewayConfig
-from gateway.loader import load_config
-from gateway.metrics import GatewayMetrics
+from gateway.config.loader import load_config
+from gateway.observe.metrics import GatewayMetrics
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

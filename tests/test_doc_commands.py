@@ -80,7 +80,7 @@ _PYTHONS = {"python", "python3", ".venv/bin/python"}
 #: mistralrs-gateway verbs that are run for real when their files exist
 _RUNNABLE_VERBS = {"schema", "launch-plan", "bundle-digest", "check"}
 #: python -m modules that are run for real (quick, no argparse of their own)
-_RUNNABLE_MODULES = {"gateway.docgen"}
+_RUNNABLE_MODULES = {"gateway.tools.docgen"}
 
 
 @dataclass(frozen=True)
@@ -241,7 +241,7 @@ argparse.ArgumentParser.parse_args = parsed
 for target, argv in json.loads(sys.argv[1]):
     try:
         if target == "mistralrs-gateway":
-            from gateway.cli import main
+            from gateway.tools.cli import main
             main(argv)
         else:
             sys.argv = [target, *argv]
@@ -332,7 +332,7 @@ def test_quick_commands_run_and_exit_0(commands: list[Command]) -> None:
     runnable = [c for c in commands if _runnable(c)]
     # what must at least be run: the reference generator and a deploy launch plan
     shown = {" ".join(c.argv[:3]) for c in runnable}
-    assert "python -m gateway.docgen" in {s.removeprefix(".venv/bin/") for s in shown}
+    assert "python -m gateway.tools.docgen" in {s.removeprefix(".venv/bin/") for s in shown}
     assert any(c.argv[:2] == ("mistralrs-gateway", "launch-plan") for c in runnable)
     bin_dir = Path(sys.executable).parent
     for command in runnable:

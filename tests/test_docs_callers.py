@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway import errors
+from gateway.core import errors
 from gateway.testing.harness import DEMO_SECRET_ENV
 from gateway.testing.samples import build_mp4, build_png, build_wav
 from tests.support.docblocks import HEADING, REPO, Block, blocks

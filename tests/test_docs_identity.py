@@ -21,7 +21,7 @@ from gateway.auth import MAX_BEARER_CHARS, Authenticator
 from gateway.auth.failures import REASONS
 from gateway.auth.keys import JWKS_FETCH_TIMEOUT_S, MIN_HS256_SECRET_BYTES
 from gateway.config import IssuerConfig, TLSConfig
-from gateway.preflight import MAX_PEM_BYTES
+from gateway.tools.preflight import MAX_PEM_BYTES
 from tests.support.docblocks import REPO, Block, blocks, run, shell_blocks
 
 PAGE = REPO / "docs" / "identity.md"

@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.server import tune_gc
+from gateway.http.server import tune_gc
 from gateway.testing.harness import SIM_ROUTE
 from gateway.testing.samples import SAMPLES
 from gateway.testing.simulator import Simulator

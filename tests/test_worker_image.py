@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.bundle import DEFINITION, bundle_digest
 from gateway.config import GatewayConfig, LaunchConfig
-from gateway.launch import BINARY
-from gateway.loader import load_config
+from gateway.config.loader import load_config
+from gateway.upstream.bundle import DEFINITION, bundle_digest
+from gateway.upstream.launch import BINARY
 from tests.support.docblocks import REPO, Block, reader_env, run, shell_blocks
 
 DEPLOY = REPO / "deploy"

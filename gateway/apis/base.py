@@ -1,6 +1,6 @@
 """What every endpoint descriptor shares: the plan, the media refs, the dialect seam.
 
-One pipeline serves every inference endpoint (``gateway/pipeline.py``); an
+One pipeline serves every inference endpoint (``gateway/http/inference.py``); an
 :class:`Api` descriptor owns only what differs between them, the way a
 starlette ``Route`` carries what differs per path:
 
@@ -9,7 +9,7 @@ starlette ``Route`` carries what differs per path:
   (alias, output bound, prompt bytes, media parts as :class:`MediaRef`);
 - :meth:`Api.forward`: the body the worker gets (alias → exact route,
   stream forced, usage asked for, ``max_tokens`` explicit), media still as
-  placeholders that only the gateway can fill (``gateway/body.py``);
+  placeholders that only the gateway can fill (``gateway/core/body.py``);
 - :meth:`Api.dialect`: the worker's answer as a sans-I/O :class:`Dialect`
   (its stream grammar or JSON check, the caller's frames, the non-stream
   answer and where its usage lives).
@@ -23,9 +23,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from gateway.errors import GatewayError
-from gateway.policy import Tenant
-from gateway.sse import Framing, violation
+from gateway.config.policy import Tenant
+from gateway.core.errors import GatewayError
+from gateway.core.sse import Framing, violation
 
 MediaKind = Literal["image", "audio", "video"]
 TextNul = Literal["replace", "pass", "reject"]
@@ -75,10 +75,6 @@ class Plan:
     #: endpoint-specific facts the pipeline hands back to the descriptor (e.g.
     #: a Responses ``previous_response_id`` to check against the catalog)
     previous_response_id: str | None = None
-
-
-def placeholder(nonce: str, slot: int) -> str:
-    return f"gw-media:{nonce}:{slot}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +191,8 @@ class Api(Protocol):
     operation: str
     #: what the gateway asks the worker for: an SSE stream, or one JSON body
     exchange: Literal["sse", "json"]
+    #: the request field a media refusal names as its ``param``
+    media_param: str
 
     def plan(self, body: Any, ctx: PlanContext) -> Plan: ...
 

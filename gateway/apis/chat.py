@@ -187,6 +187,8 @@ class ChatApi:
     scope = "inference"
     operation = "chat"
     exchange: Literal["sse", "json"] = "sse"
+    #: the field a media refusal names (``param``)
+    media_param = "messages"
 
     def plan(self, body: Any, ctx: PlanContext) -> Plan:
         tenant = ctx.tenant

@@ -1,6 +1,6 @@
 """The chat and text-completion chunk dialect (spec §8, §12, §14). Pure.
 
-Grammar (:class:`ChunkGrammar`, over events framed by ``gateway/sse.py``;
+Grammar (:class:`ChunkGrammar`, over events framed by ``gateway/core/sse.py``;
 keep-alives may appear anywhere before ``[DONE]``)::
 
     data chunk+ -> terminal chunk (finish_reason [+ usage])
@@ -49,8 +49,8 @@ import orjson
 
 from gateway.apis.base import OutputText, Plan, Report, StreamBounds, TextNul
 from gateway.apis.usage import estimate_output_tokens, usage_count
-from gateway.errors import GatewayError
-from gateway.sse import Framing, StreamValidator, violation
+from gateway.core.errors import GatewayError
+from gateway.core.sse import Framing, StreamValidator, violation
 
 __all__ = [
     "Chunk",

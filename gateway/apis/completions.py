@@ -49,6 +49,8 @@ class CompletionsApi:
     scope = "inference"
     operation = "text_completion"
     exchange: Literal["sse", "json"] = "sse"
+    #: the field a media refusal names (``param``)
+    media_param = "prompt"
 
     def plan(self, body: Any, ctx: PlanContext) -> Plan:
         tenant = ctx.tenant

@@ -52,8 +52,8 @@ from gateway.apis.fields import (
     text_size,
     unsupported,
 )
-from gateway.errors import GatewayError
-from gateway.sse import NEED_DATA, Done, NeedData, violation
+from gateway.core.errors import GatewayError
+from gateway.core.sse import NEED_DATA, Done, NeedData, violation
 
 _TOKEN = integer(ge=0, le=2**32 - 1)
 
@@ -104,6 +104,8 @@ class EmbeddingsApi:
     scope = "inference"
     operation = "embeddings"
     exchange: Literal["sse", "json"] = "json"
+    #: the field a media refusal names (``param``)
+    media_param = "input"
 
     def plan(self, body: Any, ctx: PlanContext) -> Plan:
         tenant = ctx.tenant
@@ -140,7 +142,7 @@ class EmbeddingsApi:
 
 class JsonBody:
     """A worker's one JSON answer as a sans-I/O source: bytes in (bounded), the
-    parsed object out once the body ended, then :class:`~gateway.sse.Done`."""
+    parsed object out once the body ended, then :class:`~gateway.core.sse.Done`."""
 
     def __init__(self, max_bytes: int, loads: Callable[[bytes | str], Any] = json.loads) -> None:
         self._max = max_bytes

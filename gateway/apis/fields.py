@@ -2,7 +2,7 @@
 
 A *spec* is a function ``(value, path) -> value``: it returns what may be
 forwarded (possibly a cleaned copy) or :data:`DROP` (accepted, not
-forwarded), and raises a :class:`~gateway.errors.GatewayError` naming the
+forwarded), and raises a :class:`~gateway.core.errors.GatewayError` naming the
 offending field in ``param`` as a path (``messages[1].foo``,
 ``tools[0].function.name``). Objects are allowlisted at every depth (spec
 §13 "Nested objects"); numbers are type-checked strictly (JSON ``true`` is
@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
-from gateway.errors import GatewayError
+from gateway.core.errors import GatewayError
 
 Spec = Callable[[Any, str], Any]
 

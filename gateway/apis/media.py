@@ -22,9 +22,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from gateway.apis.base import MediaKind, MediaRef, Plan, placeholder
-from gateway.errors import GatewayError
-from gateway.policy import Tenant
+from gateway.apis.base import MediaKind, MediaRef, Plan
+from gateway.config.policy import Tenant
+from gateway.core.body import placeholder
+from gateway.core.errors import GatewayError
 
 EVIDENCE_URL = re.compile(r"evidence:(ev_[A-Za-z0-9]{1,64})")
 _BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")

@@ -1,6 +1,6 @@
 """The Responses named-event dialect (spec §14; the worker's ``responses.rs``). Pure.
 
-Grammar (:class:`ResponsesGrammar`, over events framed by ``gateway/sse.py``;
+Grammar (:class:`ResponsesGrammar`, over events framed by ``gateway/core/sse.py``;
 keep-alives may appear anywhere before ``[DONE]``)::
 
     event: response.created -> output events* -> exactly one terminal
@@ -41,8 +41,8 @@ import orjson
 from gateway.apis.base import OutputText, Plan, Report, StreamBounds, TextNul
 from gateway.apis.chunks import DONE_FRAME, worker_text
 from gateway.apis.usage import estimate_output_tokens, usage_count
-from gateway.errors import GatewayError
-from gateway.sse import StreamValidator, violation
+from gateway.core.errors import GatewayError
+from gateway.core.sse import StreamValidator, violation
 
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 OUTPUT_EVENTS = frozenset(

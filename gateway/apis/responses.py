@@ -61,7 +61,7 @@ from gateway.apis.fields import (
 from gateway.apis.media import check_count, plan_url
 from gateway.apis.response_events import ResponsesDialect
 from gateway.apis.sampling import ENGINE_SAMPLING, HARMLESS_FIELDS, STREAM_OPTIONS, compiled_bytes
-from gateway.errors import GatewayError
+from gateway.core.errors import GatewayError
 
 RESPONSE_ID = re.compile(r"resp_[A-Za-z0-9-]{1,64}")
 ROLES = ("user", "assistant", "system", "developer")
@@ -286,6 +286,8 @@ class ResponsesApi:
     scope = "inference"
     operation = "chat"
     exchange: Literal["sse", "json"] = "sse"
+    #: the field a media refusal names (``param``)
+    media_param = "input"
 
     def plan(self, body: Any, ctx: PlanContext) -> Plan:
         tenant = ctx.tenant

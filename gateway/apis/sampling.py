@@ -30,7 +30,7 @@ from gateway.apis.fields import (
     text_size,
     token_id,
 )
-from gateway.errors import GatewayError
+from gateway.core.errors import GatewayError
 
 REFUSED_FIELDS: Mapping[str, str] = {
     name: "is not supported (agentic and server-side tool features are not served)"

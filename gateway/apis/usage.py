@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.sse import violation
+from gateway.core.sse import violation
 
 
 def estimate_prompt_tokens(prompt_bytes: int) -> int:

@@ -44,8 +44,8 @@ from gateway.auth.keys import (
 from gateway.auth.principal import Principal
 from gateway.auth.tokens import JWT_SHAPE, TokenRejected, UnknownKey, reject, route, verify
 from gateway.config import AuthConfig, IssuerConfig
-from gateway.errors import GatewayError
-from gateway.policy import PolicySet, Tenant
+from gateway.config.policy import PolicySet, Tenant
+from gateway.core.errors import GatewayError
 
 __all__ = [
     "Authenticator",

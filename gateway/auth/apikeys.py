@@ -12,8 +12,8 @@ import hmac
 
 from gateway.auth.principal import Principal
 from gateway.auth.tokens import TokenRejected
-from gateway.errors import GatewayError
-from gateway.policy import PolicySet
+from gateway.config.policy import PolicySet
+from gateway.core.errors import GatewayError
 
 #: a static key carries both scopes; the tenant's ``endpoints`` still limit it
 API_KEY_SCOPES = frozenset({"inference", "evidence"})

@@ -14,23 +14,11 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from gateway.auth.tokens import TokenRejected
-from gateway.errors import GatewayError
+from gateway.core.errors import GatewayError
+from gateway.observe.metrics import AUTH_REASONS
 
-#: every label value of gateway_auth_failures_total, in documentation order
-REASONS = (
-    "missing",
-    "malformed",
-    "unknown_api_key",
-    "issuer",
-    "algorithm",
-    "unknown_kid",
-    "signature",
-    "audience",
-    "expired",
-    "not_yet_valid",
-    "lifetime",
-    "missing_claim",
-)
+#: every label value of gateway_auth_failures_total (defined beside the metric)
+REASONS = AUTH_REASONS
 
 #: TokenRejected.reason -> the reason reported; anything unlisted is "malformed"
 _BY_REJECTION = MappingProxyType(

@@ -33,7 +33,7 @@ import httpx
 from jwt import PyJWK, PyJWTError
 
 from gateway.config import AuthConfig, IssuerConfig, is_loopback_host
-from gateway.loader import ConfigError
+from gateway.config.loader import ConfigError
 
 #: whole-fetch bound for one JWKS download (connect + headers + body)
 JWKS_FETCH_TIMEOUT_S = 5.0

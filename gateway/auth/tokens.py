@@ -37,7 +37,7 @@ from jwt.exceptions import InvalidSubjectError
 from gateway.auth.keys import IssuerKeys, KeySet
 from gateway.auth.principal import Principal
 from gateway.config import IssuerConfig
-from gateway.errors import GatewayError
+from gateway.core.errors import GatewayError
 
 #: three base64url segments; the signature may be empty (``alg: none``) so
 #: such tokens are refused as JWTs rather than treated as API keys

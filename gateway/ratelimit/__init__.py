@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from gateway.ratelimit.redis_store import RedisLimitsStore, tenant_keys
 
 # The stores load asyncio and redis-py; importing the pure core (``core``,
-# ``base``) through this package must not (tests/test_purity.py).
+# ``base``) through this package must not (tests/core/test_purity.py).
 _STORES = {
     "build_limits_store": "factory",
     "lease_for": "factory",

@@ -87,7 +87,7 @@ class Hold:
 
 
 class StoreMetrics(Protocol):
-    """Where a store reports its calls (``gateway.metrics.GatewayMetrics``)."""
+    """Where a store reports its calls (``gateway.observe.metrics.GatewayMetrics``)."""
 
     def limits_store_call(self, op: str, seconds: float) -> None: ...
 

@@ -49,7 +49,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gateway.errors import GatewayError
+from gateway.core.errors import GatewayError
 
 __all__ = [
     "REFUSED_DAY",

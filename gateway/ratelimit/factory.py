@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 
 from gateway.config import GatewayConfig
-from gateway.loader import ConfigError
+from gateway.config.loader import ConfigError
 from gateway.ratelimit.base import LimitsStore, StoreMetrics
 from gateway.ratelimit.memory import MemoryLimitsStore
 from gateway.ratelimit.redis_store import RedisLimitsStore

@@ -65,7 +65,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
-from gateway.errors import GatewayError
+from gateway.core.errors import GatewayError
 from gateway.ratelimit.base import Hold, NullMetrics, StoreMetrics
 from gateway.ratelimit.core import TenantLimits, Verdict, charges, judge
 from gateway.ratelimit.flusher import Flusher

@@ -17,9 +17,9 @@ import orjson
 import uvicorn
 import yaml
 
-from gateway.loader import Loaded, load_all
+from gateway.config.loader import Loaded, load_all
+from gateway.observe.tracing import Tracing
 from gateway.testing.simulator.knobs import DEFAULT_MODEL_ID
-from gateway.tracing import Tracing
 
 SIM_ROUTE = DEFAULT_MODEL_ID
 DEMO_SECRET_ENV = "MISTRALRS_GATEWAY_DEV_SECRET"  # noqa: S105 - a variable name
@@ -140,8 +140,8 @@ class Gateway:
     def __init__(
         self, config_path: Path, *, tracing: Tracing | None = None, **server_options: Any
     ) -> None:
-        from gateway.app import create_app
-        from gateway.server import uvicorn_config
+        from gateway.http.app import create_app
+        from gateway.http.server import uvicorn_config
 
         self.loaded: Loaded = load_all(config_path)
         self.app = create_app(self.loaded, tracing)

@@ -25,7 +25,7 @@ import httpx
 import orjson
 
 from gateway.config import UpstreamConfig
-from gateway.errors import GatewayError
+from gateway.core.errors import GatewayError
 from gateway.upstream.wire import (
     WireConnectError,
     WireConnection,

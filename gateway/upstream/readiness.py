@@ -3,7 +3,7 @@
 A route is ready while the last poll of its worker found it listed exactly
 once as ``loaded`` and, with ``probe`` configured, a one-token request for it
 has passed the full stream validator since it last became ``loaded``
-(:mod:`gateway.upstream.probe`; run by the poll, never on a request's path,
+(:mod:`gateway.pipeline.probe`; run by the poll, never on a request's path,
 bounded by ``probe.timeout_s``). Anything else is not ready, with a reason:
 
 ======================  ===================================================
@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.metrics import GatewayMetrics
+from gateway.observe.metrics import GatewayMetrics
 from gateway.upstream.client import ListingError
 from gateway.upstream.table import RouteTable, Worker
 

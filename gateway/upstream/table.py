@@ -11,12 +11,14 @@ only, while streams in flight finish where they started.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from gateway.admission import Admission, AdmissionGroup
 from gateway.config import GatewayConfig, UpstreamConfig
-from gateway.launch import serve_identity
 from gateway.upstream.client import Upstream
+from gateway.upstream.launch import serve_identity
 
 
 @dataclass(eq=False)
@@ -29,6 +31,21 @@ class Worker:
     @property
     def name(self) -> str:
         return self.config.name
+
+
+class RouteReadiness(Protocol):
+    def ready(self, route: str) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """Where one request goes: its alias's route, that route's worker, and
+    whether the route may take traffic now."""
+
+    alias: str
+    route: str
+    worker: Worker
+    ready: bool
 
 
 class RouteTable:
@@ -60,6 +77,17 @@ class RouteTable:
     def worker_for(self, route: str) -> Worker:
         """The worker of a configured route (policy routes are checked at load)."""
         return self._by_route[route]
+
+    def resolve(
+        self, models: Mapping[str, str], alias: str, readiness: RouteReadiness
+    ) -> Resolved | None:
+        """The one route resolver (spec §16): a tenant's alias -> its route and
+        worker, once per request; None when the policy no longer names the alias.
+        Every caller that reaches a worker for an alias asks here."""
+        route = models.get(alias)
+        if route is None:
+            return None
+        return Resolved(alias, route, self._by_route[route], readiness.ready(route))
 
     async def aclose(self) -> None:
         for worker in self.workers.values():

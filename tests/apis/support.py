@@ -21,9 +21,9 @@ from gateway.apis.completions import FIELD_NAMES as COMPLETION_FIELDS
 from gateway.apis.completions import CompletionsApi
 from gateway.apis.media import check_records, data_url_parts, inline_size
 from gateway.apis.sampling import REFUSED_FIELDS as _REFUSED
-from gateway.body import check_size, layout
-from gateway.errors import GatewayError
-from gateway.policy import Tenant
+from gateway.config.policy import Tenant
+from gateway.core.body import check_size, layout
+from gateway.core.errors import GatewayError
 
 Endpoint = Literal["chat.completions", "completions"]
 RequestPlan = Plan

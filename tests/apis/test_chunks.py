@@ -23,8 +23,8 @@ from gateway.apis.chunks import (
     StreamState,
     answer_logprob,
 )
-from gateway.errors import GatewayError
-from gateway.sse import NEED_DATA, Done, KeepAlive
+from gateway.core.errors import GatewayError
+from gateway.core.sse import NEED_DATA, Done, KeepAlive
 from tests.support.sse import MODEL, chunk, drain, event, usage
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "sse"

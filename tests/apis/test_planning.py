@@ -10,8 +10,7 @@ import orjson
 import pytest
 
 from gateway.config import LimitsConfig
-from gateway.errors import GatewayError
-from gateway.policy import (
+from gateway.config.policy import (
     MediaPolicy,
     Modality,
     PolicyLimits,
@@ -19,6 +18,7 @@ from gateway.policy import (
     TenantPolicy,
     resolve_limits,
 )
+from gateway.core.errors import GatewayError
 from tests.apis.support import (
     REFUSED_FIELDS,
     MediaRef,

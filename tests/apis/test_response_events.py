@@ -20,8 +20,8 @@ from gateway.apis.response_events import (
     ResponsesGrammar,
     ResponsesValidator,
 )
-from gateway.errors import GatewayError
-from gateway.sse import NEED_DATA, Done, Framing, KeepAlive
+from gateway.core.errors import GatewayError
+from gateway.core.sse import NEED_DATA, Done, Framing, KeepAlive
 from tests.support.sse import MODEL, RESPONSE_ID, drain, response_bytes, response_stream
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "sse" / "responses"

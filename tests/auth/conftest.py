@@ -10,8 +10,8 @@ import pytest
 
 from gateway.auth import Authenticator, load_key_set
 from gateway.config import AuthConfig, GatewayConfig, IssuerConfig
-from gateway.errors import GatewayError
-from gateway.policy import PolicySet, TenantPolicy, build_policy_set
+from gateway.config.policy import PolicySet, TenantPolicy, build_policy_set
+from gateway.core.errors import GatewayError
 from tests.support.jwt import AUDIENCE, HS_SECRET, ISSUER, JWKS_PATH
 
 HS_ISSUER = "https://dev.test"

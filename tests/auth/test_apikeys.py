@@ -7,7 +7,7 @@ import hmac
 import pytest
 
 from gateway.auth.apikeys import match_api_key
-from gateway.errors import GatewayError
+from gateway.core.errors import GatewayError
 from tests.auth.conftest import API_KEY, assert_no_leak, policy_set
 
 

@@ -7,8 +7,8 @@ import pytest
 
 from gateway.auth import Authenticator, Principal, authorize, load_key_set, mint_dev_token
 from gateway.auth.tokens import Routed, verify
-from gateway.errors import GatewayError
-from gateway.policy import PolicySet
+from gateway.config.policy import PolicySet
+from gateway.core.errors import GatewayError
 from tests.auth.conftest import (
     API_KEY,
     ENV,

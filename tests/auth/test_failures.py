@@ -7,8 +7,8 @@ import pytest
 from gateway.auth import Authenticator
 from gateway.auth.apikeys import match_api_key
 from gateway.auth.failures import REASONS, failure_reason
-from gateway.errors import GatewayError
-from gateway.policy import PolicySet
+from gateway.config.policy import PolicySet
+from gateway.core.errors import GatewayError
 from tests.auth.conftest import FakeClock, authenticator, hs_issuer, policy_set, rs_issuer
 from tests.auth.test_tokens import FAILURES
 

@@ -15,9 +15,9 @@ import pytest
 
 from gateway.auth import Authenticator, load_key_set
 from gateway.auth.keys import KeyFetchError, fetch_jwks_url, parse_jwks
-from gateway.errors import GatewayError
-from gateway.loader import ConfigError
-from gateway.policy import PolicySet
+from gateway.config.loader import ConfigError
+from gateway.config.policy import PolicySet
+from gateway.core.errors import GatewayError
 from tests.auth.conftest import (
     ENV,
     HS_ENV,

@@ -11,8 +11,8 @@ import jwt
 import pytest
 
 from gateway.auth import Authenticator
-from gateway.errors import GatewayError
-from gateway.policy import PolicySet
+from gateway.config.policy import PolicySet
+from gateway.core.errors import GatewayError
 from tests.auth.conftest import (
     EC_ISSUER,
     HS_ISSUER,

@@ -19,8 +19,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.config import GatewayConfig
-from gateway.loader import ConfigError, load_policies, parse_config, parse_yaml, validate_model
-from gateway.policy import TenantPolicy, build_policy_set, check_policy
+from gateway.config.loader import (
+    ConfigError,
+    load_policies,
+    parse_config,
+    parse_yaml,
+    validate_model,
+)
+from gateway.config.policy import TenantPolicy, build_policy_set, check_policy
 from tests.fuzz.budget import budget
 from tests.fuzz.shapes import json_paths
 

@@ -44,8 +44,8 @@ from gateway.apis.response_events import (
     ResponsesGrammar,
     ResponsesValidator,
 )
-from gateway.errors import GatewayError
-from gateway.sse import NEED_DATA, Done, Framing, KeepAlive
+from gateway.core.errors import GatewayError
+from gateway.core.sse import NEED_DATA, Done, Framing, KeepAlive
 from tests.fuzz.budget import budget
 from tests.fuzz.shapes import json_paths, mutate, split
 from tests.support.sse import RESPONSE_ID, response_object

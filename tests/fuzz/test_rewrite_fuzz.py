@@ -23,9 +23,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.config import LimitsConfig
-from gateway.errors import GatewayError
-from gateway.limits import parse_json
-from gateway.policy import MediaPolicy, Modality, PolicyLimits, Tenant, TenantPolicy, resolve_limits
+from gateway.config.policy import (
+    MediaPolicy,
+    Modality,
+    PolicyLimits,
+    Tenant,
+    TenantPolicy,
+    resolve_limits,
+)
+from gateway.core.errors import GatewayError
+from gateway.http.bodyguard import parse_json
 from tests.apis.support import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,

@@ -19,8 +19,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.apis.chunks import SSEValidator, StreamRules
-from gateway.errors import GatewayError
-from gateway.sse import NEED_DATA, Done
+from gateway.core.errors import GatewayError
+from gateway.core.sse import NEED_DATA, Done
 from tests.fuzz.budget import budget
 from tests.fuzz.shapes import mutate, split
 from tests.support.sse import chunk, event, usage

@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway import cli
 from gateway.testing.harness import SIM_ROUTE
 from gateway.testing.samples import build_wav
+from gateway.tools import cli
 from tests.support import rawhttp
 from tests.support.evidence import (
     BASE_LIMITS,

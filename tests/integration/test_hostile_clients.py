@@ -1,7 +1,7 @@
 """Hostile callers (issue 8): every trick ends in a clean refusal or a cut-off,
 never a hung task, unbounded memory or a request reaching the worker.
 
-The stack runs the listener's own protocol (gateway/protocol.py) under uvicorn
+The stack runs the listener's own protocol (gateway/http/protocol.py) under uvicorn
 on 127.0.0.1 with short timeouts so that cut-offs happen within a test.
 """
 

@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from gateway.config import UpstreamConfig
-from gateway.errors import GatewayError
+from gateway.core.errors import GatewayError
 from gateway.testing.harness import SIM_ROUTE
 from gateway.testing.simulator import Simulator
 from gateway.upstream.client import Upstream

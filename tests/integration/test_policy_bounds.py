@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from gateway.config import UpstreamConfig
-from gateway.errors import GatewayError
+from gateway.core.errors import GatewayError
 from gateway.testing.harness import SIM_ROUTE
 from gateway.upstream.client import Upstream
 from tests.support.evidence import PNG, media_part, staged

@@ -1,6 +1,6 @@
 """The real ``mistralrs-gateway serve`` process: TLS, logs and signals (spec §3, §11).
 
-Each test starts ``python -m gateway.cli serve --port 0`` as a subprocess in
+Each test starts ``python -m gateway.tools.cli serve --port 0`` as a subprocess in
 front of an in-thread simulator, reads the port from the one stdout line,
 and kills the process (by its PID) in a ``finally`` if it is still running.
 """

@@ -19,8 +19,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from gateway.observe.tracing import NS
 from gateway.testing.harness import write_config
-from gateway.tracing import NS
 from tests.support.process import Served, serve, sim_running, wait_ready, wait_until
 from tests.support.stack import chat_body, issuers, policies, worker_posts
 

@@ -17,9 +17,9 @@ import httpx
 import pytest
 import yaml
 
-from gateway import cli
 from gateway.testing.harness import Gateway, default_policy, write_config
 from gateway.testing.simulator import Simulator
+from gateway.tools import cli
 from tests.support.jwt import make_claims, sign_rs256
 from tests.support.poll import eventually
 from tests.support.stack import chat_body, issuers, sse_data, worker_posts

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from gateway.errors import GatewayError
+from gateway.core.errors import GatewayError
 from gateway.ratelimit import TenantLimits, estimate_prompt_tokens, format_reset, tenant_keys
 from gateway.ratelimit.core import (
     REFUSED_DAY,

@@ -8,10 +8,10 @@ import pytest
 from pydantic import ValidationError
 
 from gateway.config import GatewayConfig, LimitsStoreConfig
-from gateway.errors import GatewayError
-from gateway.loader import ConfigError
-from gateway.metrics import GatewayMetrics
-from gateway.policy import PolicyLimits, TenantPolicy, build_policy_set
+from gateway.config.loader import ConfigError
+from gateway.config.policy import PolicyLimits, TenantPolicy, build_policy_set
+from gateway.core.errors import GatewayError
+from gateway.observe.metrics import GatewayMetrics
 from gateway.ratelimit import MemoryLimitsStore, RedisLimitsStore, build_limits_store, lease_for
 
 ROUTE = "/srv/mosaic-models/" + "0" * 64

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.errors import GatewayError
+from gateway.core.errors import GatewayError
 from gateway.ratelimit import Hold, MemoryLimitsStore, TenantLimits
 from gateway.ratelimit.core import SECONDS_PER_DAY
 

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from gateway.errors import GatewayError
+from gateway.core.errors import GatewayError
 from gateway.ratelimit import RedisLimitsStore, TenantLimits, tenant_keys
 from tests.ratelimit.conftest import Recorder
 from tests.support.redis import RedisServer

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.errors import GatewayError
+from gateway.core.errors import GatewayError
 from gateway.ratelimit import Hold, RedisLimitsStore, TenantLimits, tenant_keys
 from tests.fuzz.budget import budget
 from tests.support.redis import RedisServer

@@ -8,7 +8,7 @@ import unicodedata
 
 import pytest
 
-from gateway.errors import GatewayError
+from gateway.core.errors import GatewayError
 from gateway.ratelimit import Hold, RedisLimitsStore, TenantLimits, tenant_keys
 from gateway.ratelimit.core import seconds_until_midnight
 from tests.ratelimit.conftest import StoreFactory, away_from_midnight, gather_bounded, settled

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from gateway.errors import GatewayError
+from gateway.core.errors import GatewayError
 from gateway.ratelimit import Hold, LimitsStore, MemoryLimitsStore, TenantLimits
 from gateway.ratelimit.core import seconds_until_midnight
 from tests.ratelimit.conftest import StoreFactory, away_from_midnight, settled

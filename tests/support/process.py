@@ -1,6 +1,6 @@
 """The real ``mistralrs-gateway serve`` as a subprocess, for process-level tests.
 
-``serve`` starts ``python -m gateway.cli serve --port 0``, reads the port from
+``serve`` starts ``python -m gateway.tools.cli serve --port 0``, reads the port from
 the one stdout line, and kills the process (by its PID) in a ``finally`` if it
 is still running. ``serving`` does the same for several configs at once
 (replicas): all are started before any is waited for.
@@ -24,7 +24,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.auth import mint_dev_token
-from gateway.loader import load_config
+from gateway.config.loader import load_config
 from gateway.testing.harness import DEMO_SECRET_ENV, SIM_ROUTE
 from gateway.testing.simulator import Simulator
 from tests.support.jwt import HS_SECRET
@@ -87,7 +87,16 @@ def _spawn(
     stdout, stderr = tmp / "serve.stdout", tmp / "serve.stderr"
     env = {**os.environ, DEMO_SECRET_ENV: HS_SECRET, **(env or {})}
     env.pop("GATEWAY_LOG_LEVEL", None)
-    argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", "0"]
+    argv = [
+        sys.executable,
+        "-m",
+        "gateway.tools.cli",
+        "serve",
+        "--config",
+        str(config),
+        "--port",
+        "0",
+    ]
     with stdout.open("wb") as out, stderr.open("wb") as err:
         proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=err)
     return proc, stdout, stderr

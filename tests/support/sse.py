@@ -9,8 +9,8 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from gateway.errors import GatewayError
-from gateway.sse import NEED_DATA, Done, StreamValidator
+from gateway.core.errors import GatewayError
+from gateway.core.sse import NEED_DATA, Done, StreamValidator
 
 MODEL = "Qwen/Qwen3-4B"
 

@@ -16,6 +16,7 @@ import httpx
 import openai
 
 from gateway.auth import mint_dev_token
+from gateway.observe.tracing import Tracing
 from gateway.testing.harness import (
     DEMO_SECRET_ENV,
     Gateway,
@@ -25,7 +26,6 @@ from gateway.testing.harness import (
     write_config,
 )
 from gateway.testing.simulator import SimRequest, Simulator
-from gateway.tracing import Tracing
 from tests.support.jwt import AUDIENCE, HS_SECRET, ISSUER, JWKS_PATH, make_claims, sign_rs256
 
 API_KEY = "sk-test-acme-nightly-batch-0000000000000000"

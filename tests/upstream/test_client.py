@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gateway.config import UpstreamConfig
-from gateway.errors import GatewayError
+from gateway.core.errors import GatewayError
 from gateway.upstream.client import ListingError, Upstream
 
 #: what the worker's body would inflate to (the gzip is about 64 KiB)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gateway.cli import main
+from gateway.tools.cli import main
 
 
 def test_the_engine_demo_reports_real_usage_and_both_receipts(

@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway import cli
-from gateway.loader import load_config
+from gateway.config.loader import load_config
 from gateway.testing.simulator import DEFAULT_MODEL_ID, main
+from gateway.tools import cli
 
 _LISTENING = re.compile(r"simulator listening on (http://127\.0\.0\.1:(\d+))\n")
 
@@ -107,7 +107,7 @@ def test_gateway_verb_passes_every_flag_through(capsys: pytest.CaptureFixture[st
 
 def test_gateway_verb_serves_on_the_given_port_with_two_routes() -> None:
     port = _free_port()
-    argv = [sys.executable, "-m", "gateway.cli", "simulator", "--port", str(port)]
+    argv = [sys.executable, "-m", "gateway.tools.cli", "simulator", "--port", str(port)]
     argv += ["--model-id", "/m/a", "--model-id", "/m/b", "--chunks", "2"]
     with running(argv) as (url, bound):
         assert bound == port

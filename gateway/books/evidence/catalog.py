@@ -1,0 +1,446 @@
+"""The evidence catalog: records and leases in SQLite (spec §5, §12 "Evidence").
+
+Theory of operation:
+
+- A record maps an unguessable ID (``ev_`` + 26 base32 characters from 128
+  random bits) to a tenant and a stored file. Every lookup is scoped by
+  tenant: another tenant's ID is indistinguishable from an unknown one.
+- A lease pins a record's file for one request. Leases are taken atomically
+  (all of a request's records, or none) and only for records that still
+  exist at that instant, so a concurrent delete either happens first (the
+  lease fails) or sees the lease (the file stays).
+- A file is referenced while any record or lease names its digest; the
+  service removes files only when :meth:`Catalog.is_referenced` is false.
+- Leases live in the database only for the life of the server process that
+  took them: :meth:`Catalog.clear_stale_leases` drops them at start. One
+  server per catalog; ``evidence add`` from the CLI may run beside it.
+- One connection, serialized by a lock, serves every thread. The database
+  runs in WAL mode with ``synchronous=FULL`` so a committed record survives
+  power loss; write transactions are ``BEGIN IMMEDIATE`` so another process
+  waits on ``busy_timeout`` instead of failing mid-transaction.
+- Response ids (spec §14): every Responses id the gateway relayed is kept for
+  its tenant (with the alias it was asked for) until it expires, so that
+  ``previous_response_id``, ``GET`` and ``DELETE`` reach the worker only for
+  the caller's own ids; another tenant's id is indistinguishable from an
+  unknown one.
+- Quotas (spec §13) are checked in the same write transaction as the insert,
+  so concurrent uploads cannot pass them together. Records older than their
+  tenant's ``ttl_s`` are invisible to every lookup (``not_before``) before the
+  expiry sweep forgets them.
+- SQLite and disk errors become ``GatewayError("storage_error")``; a full
+  volume is :class:`StorageFull` (a ``storage_error`` too), so a delete can
+  make room and retry (``EvidenceService.delete``).
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from gateway.books.evidence.sniff import MediaModality, media_type_for
+from gateway.core.errors import GatewayError
+
+EVIDENCE_ID = re.compile(r"^ev_[a-z2-7]{26}$")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS records (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    sha256 TEXT NOT NULL,
+    media_type TEXT NOT NULL,
+    ext TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    locator_sha256 TEXT,
+    created INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS records_sha256 ON records (sha256);
+CREATE INDEX IF NOT EXISTS records_tenant ON records (tenant, created);
+CREATE TABLE IF NOT EXISTS leases (
+    request_id TEXT NOT NULL,
+    evidence_id TEXT NOT NULL,
+    sha256 TEXT NOT NULL,
+    ext TEXT NOT NULL,
+    taken_at INTEGER NOT NULL,
+    PRIMARY KEY (request_id, evidence_id)
+);
+CREATE INDEX IF NOT EXISTS leases_sha256 ON leases (sha256);
+CREATE TABLE IF NOT EXISTS responses (
+    tenant TEXT NOT NULL,
+    id TEXT NOT NULL,
+    alias TEXT NOT NULL,
+    expires INTEGER NOT NULL,
+    body BLOB,
+    PRIMARY KEY (tenant, id)
+);
+"""
+
+# Statements are literal text: values go only through placeholders.
+_INSERT_RECORD = (
+    "INSERT INTO records (id, tenant, sha256, media_type, ext, bytes, locator_sha256, created) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_SELECT_RECORD = (
+    "SELECT id, tenant, sha256, media_type, ext, bytes, locator_sha256, created "
+    "FROM records WHERE id = ? AND tenant = ? AND created >= ?"
+)
+_DELETE_RECORD = (
+    "DELETE FROM records WHERE id = ? AND tenant = ? "
+    "RETURNING id, tenant, sha256, media_type, ext, bytes, locator_sha256, created"
+)
+_COLUMNS = "id, tenant, sha256, media_type, ext, bytes, locator_sha256, created"
+#: lookups of one tenant's live records (created at or after the TTL cutoff)
+_LIVE = "tenant = ? AND created >= ?"
+
+
+class StorageFull(GatewayError):
+    """The catalog's volume is full (SQLite could not grow its journal or file)."""
+
+    def __init__(self) -> None:
+        super().__init__("storage_error", "The evidence volume is full.")
+
+
+def _translate(exc: sqlite3.Error) -> GatewayError:
+    if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+        return StorageFull()
+    return GatewayError("storage_error")
+
+
+def _usage(conn: sqlite3.Connection, tenant: str, not_before: int) -> tuple[int, int]:
+    count, used = conn.execute(
+        f"SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM records WHERE {_LIVE}",  # noqa: S608 - constant text
+        (tenant, not_before),
+    ).fetchone()
+    return int(count), int(used)
+
+
+def new_evidence_id() -> str:
+    # 16 random bytes are 26 base32 characters once the padding is dropped.
+    return "ev_" + base64.b32encode(secrets.token_bytes(16)).decode("ascii").rstrip("=").lower()
+
+
+def is_evidence_id(value: str) -> bool:
+    return EVIDENCE_ID.match(value) is not None
+
+
+class ResponseRow(NamedTuple):
+    """One row of the responses table: a tenant's Responses id, until ``expires``."""
+
+    tenant: str
+    id: str
+    alias: str
+    expires: int
+    body: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class EvidenceRecord:
+    id: str
+    tenant: str
+    sha256: str
+    media_type: str
+    ext: str
+    bytes: int
+    locator_sha256: str | None
+    created: int
+
+    @property
+    def modality(self) -> MediaModality:
+        media = media_type_for(self.media_type)
+        if media is None:
+            raise GatewayError("storage_error", "A catalog record has an unknown media type.")
+        return media.modality
+
+    def to_api(self) -> dict[str, Any]:
+        """The public record (spec §12): no tenant, no storage details."""
+        return {
+            "id": self.id,
+            "object": "evidence",
+            "sha256": self.sha256,
+            "media_type": self.media_type,
+            "bytes": self.bytes,
+            "created": self.created,
+            "locator_sha256": self.locator_sha256,
+        }
+
+
+def _record(row: tuple[Any, ...]) -> EvidenceRecord:
+    return EvidenceRecord(
+        id=row[0],
+        tenant=row[1],
+        sha256=row[2],
+        media_type=row[3],
+        ext=row[4],
+        bytes=row[5],
+        locator_sha256=row[6],
+        created=row[7],
+    )
+
+
+class Catalog:
+    """Records and leases; see the module docstring."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        busy_timeout_s: float = 10.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._lock = threading.Lock()
+        self._clock = clock
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(
+                path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+            )
+        except (OSError, sqlite3.Error) as exc:
+            raise GatewayError("storage_error") from exc
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise GatewayError("storage_error") from exc
+        self._conn: sqlite3.Connection | None = conn
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> Catalog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            if self._conn is None:
+                raise GatewayError("storage_error", "The evidence catalog is closed.")
+            try:
+                yield self._conn
+            except sqlite3.Error as exc:
+                raise _translate(exc) from exc
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        with self._read() as conn:  # which translates every sqlite3.Error raised in here
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                # A failed COMMIT may already have rolled back; nothing is left to undo then.
+                with suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                raise
+
+    def add(
+        self,
+        *,
+        tenant: str,
+        sha256: str,
+        media_type: str,
+        ext: str,
+        size: int,
+        locator_sha256: str | None,
+        quota: tuple[int, int] | None = None,
+        not_before: int = 0,
+    ) -> EvidenceRecord:
+        """Insert a record; with ``quota`` = (max records, max bytes) of the
+        tenant's live records, refuse (403) in the same transaction if it would pass."""
+        record = EvidenceRecord(
+            id=new_evidence_id(),
+            tenant=tenant,
+            sha256=sha256,
+            media_type=media_type,
+            ext=ext,
+            bytes=size,
+            locator_sha256=locator_sha256,
+            created=int(self._clock()),
+        )
+        with self._write() as conn:
+            if quota is not None:
+                count, used = _usage(conn, tenant, not_before)
+                if count + 1 > quota[0] or used + size > quota[1]:
+                    raise GatewayError("evidence_quota_exceeded")
+            conn.execute(
+                _INSERT_RECORD,
+                (
+                    record.id,
+                    record.tenant,
+                    record.sha256,
+                    record.media_type,
+                    record.ext,
+                    record.bytes,
+                    record.locator_sha256,
+                    record.created,
+                ),
+            )
+        return record
+
+    def find_same(
+        self,
+        tenant: str,
+        sha256: str,
+        locator_sha256: str | None,
+        not_before: int = 0,
+        exclude: frozenset[str] = frozenset(),
+    ) -> EvidenceRecord | None:
+        """The tenant's oldest live record of these bytes under this locator, if
+        any, other than those ``exclude`` names."""
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM records WHERE {_LIVE} AND sha256 = ? "  # noqa: S608
+                "AND locator_sha256 IS ? ORDER BY created, rowid",
+                (tenant, not_before, sha256, locator_sha256),
+            )
+            for row in rows:
+                if row[0] not in exclude:
+                    return _record(row)
+        return None
+
+    def usage(self, tenant: str, not_before: int = 0) -> tuple[int, int]:
+        """(records, bytes) of the tenant's live records."""
+        with self._read() as conn:
+            return _usage(conn, tenant, not_before)
+
+    def page(
+        self, tenant: str, limit: int, after: str | None = None, not_before: int = 0
+    ) -> tuple[list[EvidenceRecord], bool]:
+        """The tenant's live records newest first, ``limit`` of them after the
+        record ``after`` (404 if that is not one of them), and whether more follow."""
+        with self._read() as conn:
+            bound: tuple[Any, ...] = ()
+            where = _LIVE
+            if after is not None:
+                cursor = conn.execute(
+                    f"SELECT created, rowid FROM records WHERE {_LIVE} AND id = ?",  # noqa: S608
+                    (tenant, not_before, after),
+                ).fetchone()
+                if cursor is None:
+                    raise GatewayError("evidence_not_found", param="after")
+                where += " AND (created < ? OR (created = ? AND rowid < ?))"
+                bound = (cursor[0], cursor[0], cursor[1])
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM records WHERE {where} "  # noqa: S608
+                "ORDER BY created DESC, rowid DESC LIMIT ?",
+                (tenant, not_before, *bound, limit + 1),
+            ).fetchall()
+        return [_record(r) for r in rows[:limit]], len(rows) > limit
+
+    def expire(self, tenant: str, not_before: int) -> list[EvidenceRecord]:
+        """Forget the tenant's records created before ``not_before``; return them."""
+        with self._write() as conn:
+            rows = conn.execute(
+                f"DELETE FROM records WHERE tenant = ? AND created < ? RETURNING {_COLUMNS}",  # noqa: S608
+                (tenant, not_before),
+            ).fetchall()
+        return [_record(r) for r in rows]
+
+    def get(self, tenant: str, evidence_id: str, not_before: int = 0) -> EvidenceRecord | None:
+        if not is_evidence_id(evidence_id):
+            return None
+        with self._read() as conn:
+            row = conn.execute(_SELECT_RECORD, (evidence_id, tenant, not_before)).fetchone()
+        return None if row is None else _record(row)
+
+    def delete(self, tenant: str, evidence_id: str) -> EvidenceRecord | None:
+        if not is_evidence_id(evidence_id):
+            return None
+        with self._write() as conn:
+            rows = conn.execute(_DELETE_RECORD, (evidence_id, tenant)).fetchall()
+        return _record(rows[0]) if rows else None
+
+    def take_leases(
+        self, request_id: str, records: Sequence[EvidenceRecord], not_before: int = 0
+    ) -> None:
+        """Lease every record for ``request_id``, or none (404 if any is gone)."""
+        now = int(self._clock())
+        with self._write() as conn:
+            for record in records:
+                # INSERT ... SELECT: the lease exists only if the record still does.
+                cursor = conn.execute(
+                    "INSERT OR IGNORE INTO leases (request_id, evidence_id, sha256, ext, taken_at) "
+                    "SELECT ?, id, sha256, ext, ? FROM records "
+                    "WHERE id = ? AND tenant = ? AND created >= ?",
+                    (request_id, now, record.id, record.tenant, not_before),
+                )
+                if cursor.rowcount == 0 and not _leased(conn, request_id, record.id):
+                    raise GatewayError("evidence_not_found")
+
+    def release_leases(self, request_id: str) -> list[tuple[str, str]]:
+        """Drop a request's leases; the distinct (sha256, ext) they held."""
+        with self._write() as conn:
+            rows = conn.execute(
+                "DELETE FROM leases WHERE request_id = ? RETURNING sha256, ext", (request_id,)
+            ).fetchall()
+        return sorted({(row[0], row[1]) for row in rows})
+
+    def is_referenced(self, sha256: str) -> bool:
+        with self._read() as conn:
+            row = conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM records WHERE sha256 = ?) "
+                "OR EXISTS (SELECT 1 FROM leases WHERE sha256 = ?)",
+                (sha256, sha256),
+            ).fetchone()
+        return bool(row[0])
+
+    def active_leases(self) -> int:
+        with self._read() as conn:
+            row = conn.execute("SELECT COUNT(*) FROM leases").fetchone()
+        return int(row[0])
+
+    def record_responses(self, rows: list[ResponseRow]) -> None:
+        """Record noted Responses ids, all in one transaction."""
+        with self._write() as conn:
+            conn.executemany(
+                "INSERT OR REPLACE INTO responses (tenant, id, alias, expires, body) "
+                "VALUES (?, ?, ?, ?, ?)",
+                rows,
+            )
+
+    def response_entry(self, tenant: str, response_id: str) -> tuple[str, bytes | None] | None:
+        """(alias, kept response object) of the tenant's live response id; None if
+        it is not one of the tenant's."""
+        with self._read() as conn:
+            row = conn.execute(
+                "SELECT alias, body FROM responses WHERE tenant = ? AND id = ? AND expires > ?",
+                (tenant, response_id, int(self._clock())),
+            ).fetchone()
+        return None if row is None else (str(row[0]), row[1])
+
+    def forget_response(self, tenant: str, response_id: str) -> None:
+        with self._write() as conn:
+            conn.execute("DELETE FROM responses WHERE tenant = ? AND id = ?", (tenant, response_id))
+
+    def expire_responses(self) -> int:
+        with self._write() as conn:
+            cursor = conn.execute("DELETE FROM responses WHERE expires <= ?", (int(self._clock()),))
+        return cursor.rowcount
+
+    def clear_stale_leases(self) -> int:
+        """Drop every lease (a crashed server's); call only at server start."""
+        with self._write() as conn:
+            cursor = conn.execute("DELETE FROM leases")
+        return cursor.rowcount
+
+
+def _leased(conn: sqlite3.Connection, request_id: str, evidence_id: str) -> bool:
+    row = conn.execute(
+        "SELECT 1 FROM leases WHERE request_id = ? AND evidence_id = ?", (request_id, evidence_id)
+    ).fetchone()
+    return row is not None

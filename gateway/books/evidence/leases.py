@@ -1,0 +1,106 @@
+"""The evidence one inference request holds: its leases and its staged inline data.
+
+Theory of operation:
+
+- Named evidence is leased before admission (catalog only, no file read);
+  inline ``data:`` parts are staged after the permit and leased the same way,
+  so an expiry sweep cannot take their files while the request runs.
+- The catalog is SQLite (blocking), so each step runs in a worker thread.
+  The thread is shielded from the request's cancellation: a disconnect or a
+  drain must not leave a lease or a staged file that nobody gives back.
+  :meth:`RequestMedia.settle` waits for every such thread; :meth:`close`
+  then gives the leases back and forgets the inline records.
+- Callers choose ``x-request-id`` (and may repeat it): the lease key is the
+  gateway's own, made only when the request has media (most have none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import anyio.to_thread
+
+from gateway.books.evidence.catalog import EvidenceRecord
+from gateway.books.evidence.service import EvidenceService
+from gateway.config.policy import Tenant
+from gateway.core.errors import GatewayError
+
+T = TypeVar("T")
+
+#: one inline part to stage: its slot, declared type, base64 payload, part kind
+Inline = tuple[int, str | None, str, str]
+
+
+class RequestMedia:
+    def __init__(self, evidence: EvidenceService, tenant: Tenant) -> None:
+        self._evidence = evidence
+        self._tenant = tenant
+        self._key = ""
+        self._leased = False
+        #: evidence staged from this request's inline data: forgotten when it ends
+        self.staged: list[str] = []
+        self._threads: list[asyncio.Future[Any]] = []
+
+    @property
+    def key(self) -> str:
+        if not self._key:
+            self._key = "lease_" + os.urandom(16).hex()
+        return self._key
+
+    async def lease(self, evidence_ids: Sequence[str]) -> list[EvidenceRecord]:
+        """Lease every named record for this request, or none (404/400 as the service says)."""
+        key, tenant, evidence = self.key, self._tenant, self._evidence
+
+        def lease() -> list[EvidenceRecord]:
+            taken = evidence.lease(key, tenant, evidence_ids)
+            self._leased = True
+            return taken
+
+        return await self._in_thread(lease)
+
+    async def stage(self, parts: Sequence[Inline]) -> dict[int, EvidenceRecord]:
+        """Decode, check and stage the inline parts (after the permit); slot -> record."""
+        key, tenant, evidence = self.key, self._tenant, self._evidence
+        staged: dict[int, EvidenceRecord] = {}
+
+        def stage() -> dict[int, EvidenceRecord]:
+            for slot, mime, payload, kind in parts:
+                record = evidence.upload_inline(tenant, payload, mime, kind)
+                self.staged.append(record.id)
+                staged[slot] = record
+            evidence.lease(key, tenant, self.staged)
+            self._leased = True
+            return staged
+
+        return await self._in_thread(stage)
+
+    async def settle(self) -> None:
+        """Wait for a thread still taking leases or staging (even after a cancel)."""
+        pending = [t for t in self._threads if not t.done()]
+        if pending:
+            await asyncio.wait(pending)
+
+    async def close(self) -> None:
+        """Give the leases back and forget the inline records (in a thread)."""
+        if self._leased or self.staged:
+            await anyio.to_thread.run_sync(self._close)
+
+    def _close(self) -> None:
+        evidence = self._evidence
+        if self._leased:
+            evidence.release(self._key)
+        for evidence_id in self.staged:
+            # Inline data was staged only for this request; its file goes with the record.
+            with contextlib.suppress(GatewayError):
+                evidence.delete(self._tenant, evidence_id)
+
+    async def _in_thread(self, work: Callable[[], T]) -> T:
+        future = asyncio.get_running_loop().run_in_executor(None, work)
+        self._threads.append(future)
+        # Shielded: a cancel (disconnect, drain) must not leave the thread's
+        # leases and staged files unowned; settle() waits for it.
+        return await asyncio.shield(future)

@@ -1,0 +1,358 @@
+"""Evidence staging: the one code path for HTTP uploads and ``evidence add``.
+
+Theory of operation:
+
+- An upload's bytes go to a temp file as they arrive (hashed on the way; its
+  first bytes kept for sniffing), so no upload sits in memory whole. It is
+  then checked (locator, size, sniffed type against the declared one, tenant
+  modality); the same bytes under the same locator answer with the tenant's
+  existing record; the tenant's quota (``evidence.max_records``,
+  ``max_bytes``) is checked before the file is kept and again in the insert's
+  transaction. The file is renamed into place first and the record added
+  after, both inside the store's lock: a crash before the rename leaves no
+  visible record and no final file; a crash between rename and insert leaves
+  an unreferenced file that :meth:`EvidenceService.recover` removes at the
+  next start.
+- Records older than the tenant's ``evidence.ttl_s`` are invisible at once and
+  forgotten by :meth:`EvidenceService.expire` (the runtime's sweep) exactly as
+  a delete forgets them: leased files stay until the lease ends.
+- A file is removed only under the store's lock and only when the catalog
+  says no record or lease names its digest, so an upload of the same bytes
+  racing a delete either re-creates the file or keeps it.
+- Deleting a record forgets it at once; its file stays while a lease holds
+  it and goes when the last lease is released. Leases are all-or-nothing
+  per request, and releasing is idempotent.
+- A failure to remove a file that nothing references is logged, not raised:
+  the caller's operation already took effect, and ``recover`` sweeps the file.
+
+Synchronous and thread-safe; the app calls it through ``anyio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import hashlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from gateway.books.evidence.catalog import Catalog, EvidenceRecord, StorageFull
+from gateway.books.evidence.sniff import match_content_type
+from gateway.books.evidence.store import EvidenceStore, TempUpload
+from gateway.config import StagingConfig
+from gateway.config.policy import Tenant
+from gateway.core.errors import GatewayError
+
+MAX_LOCATOR_CHARS = 1024
+#: room kept next to the catalog so a delete can journal on a full volume
+RESERVE_BYTES = 1 << 20
+RESERVE_SUFFIX = ".reserve"
+
+logger = logging.getLogger(__name__)
+
+
+def locator_digest(locator: str | None) -> str | None:
+    """SHA-256 hex of a locator's UTF-8, after checking it is short and printable."""
+    if locator is None:
+        return None
+    if not 0 < len(locator) <= MAX_LOCATOR_CHARS or not locator.isprintable():
+        raise GatewayError(
+            "invalid_request",
+            f"The evidence locator must be 1 to {MAX_LOCATOR_CHARS} printable characters.",
+            param="x-evidence-locator",
+        )
+    return hashlib.sha256(locator.encode("utf-8")).hexdigest()
+
+
+class EvidenceService:
+    """Upload, look up, lease and release staged evidence; see the module docstring."""
+
+    def __init__(
+        self,
+        store: EvidenceStore,
+        catalog: Catalog,
+        on_leases_change: Callable[[int], None] | None = None,
+        *,
+        reserve: Path | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._catalog = catalog
+        self._reserve = reserve
+        self._clock = clock
+        # Only the serving process takes leases (recover() clears a crashed
+        # run's), so they are counted here instead of asking SQLite each time:
+        # request id -> leased records (distinct ids, as the catalog keeps them).
+        self._held: dict[str, int] = {}
+        self._held_lock = threading.Lock()
+        self._on_leases_change = on_leases_change
+        #: records staged from a request's inline data (forgotten when it ends):
+        #: never what an upload of the same bytes is answered with
+        self._inline: set[str] = set()
+
+    @classmethod
+    def from_config(
+        cls, staging: StagingConfig, on_leases_change: Callable[[int], None] | None = None
+    ) -> EvidenceService:
+        store = EvidenceStore(Path(staging.dir))
+        catalog_path = Path(staging.catalog)
+        reserve = catalog_path.with_name(catalog_path.name + RESERVE_SUFFIX)
+        return cls(store, Catalog(catalog_path), on_leases_change, reserve=reserve)
+
+    @property
+    def store(self) -> EvidenceStore:
+        return self._store
+
+    @property
+    def catalog(self) -> Catalog:
+        return self._catalog
+
+    def close(self) -> None:
+        self._catalog.close()
+
+    def recover(self) -> None:
+        """Server start: drop a crashed run's temps and leases, and files nothing
+        names; make the catalog's reserve."""
+        self.keep_reserve()
+        with self._store.exclusive():
+            self._store.sweep_temp()
+            self._catalog.clear_stale_leases()
+            for sha256, ext in self._store.files():
+                if not self._catalog.is_referenced(sha256):
+                    self._store.remove(sha256, ext)
+
+    def begin_upload(self) -> TempUpload:
+        """Where an upload's bytes go while they arrive (``commit_upload`` or discard)."""
+        return self._store.begin_upload()
+
+    def commit_upload(
+        self,
+        tenant: Tenant,
+        upload: TempUpload,
+        content_type: str | None,
+        locator: str | None,
+        *,
+        dedupe: bool = True,
+        quota: bool = True,
+    ) -> tuple[EvidenceRecord, bool]:
+        """Check and store a finished upload; (record, True) when the tenant had
+        these bytes under this locator already (nothing new is stored).
+
+        The temp file is consumed either way. ``dedupe`` and ``quota`` are off
+        only for a request's own inline data, forgotten when the request ends."""
+        try:
+            locator_sha256 = locator_digest(locator)
+            if upload.size > tenant.limits.max_media_bytes:
+                raise GatewayError(
+                    "body_too_large", "The media file exceeds the tenant's size limit."
+                )
+            media = match_content_type(content_type, upload.head)
+            if not tenant.allows_modality(media.modality):
+                raise GatewayError(
+                    "modality_not_allowed", f"The {media.modality} modality is not allowed."
+                )
+            policy = tenant.policy.evidence
+            not_before = self._not_before(tenant)
+            with self._store.exclusive():
+                if dedupe:
+                    with self._held_lock:
+                        inline = frozenset(self._inline)
+                    same = self._catalog.find_same(
+                        tenant.name, upload.sha256, locator_sha256, not_before, exclude=inline
+                    )
+                    if same is not None:
+                        return same, True
+                limits = (policy.max_records, policy.max_bytes) if quota else None
+                if limits is not None:
+                    # Checked before the file is kept, and again with the insert.
+                    count, used = self._catalog.usage(tenant.name, not_before)
+                    if count + 1 > limits[0] or used + upload.size > limits[1]:
+                        raise GatewayError("evidence_quota_exceeded")
+                stored = self._store.adopt(upload, media)
+                try:
+                    record = self._catalog.add(
+                        tenant=tenant.name,
+                        sha256=stored.sha256,
+                        media_type=media.mime,
+                        ext=stored.ext,
+                        size=stored.bytes,
+                        locator_sha256=locator_sha256,
+                        quota=limits,
+                        not_before=not_before,
+                    )
+                except GatewayError:
+                    self._drop_file_if_unreferenced(stored.sha256, stored.ext)
+                    raise
+            self.keep_reserve()
+            return record, False
+        finally:
+            upload.discard()
+
+    def upload(
+        self, tenant: Tenant, data: bytes, content_type: str | None, locator: str | None
+    ) -> EvidenceRecord:
+        """Stage bytes already in hand (``evidence add``) the way an HTTP upload is."""
+        if len(data) > tenant.limits.max_media_bytes:
+            raise GatewayError("body_too_large", "The media file exceeds the tenant's size limit.")
+        upload = self._store.stage(data)
+        return self.commit_upload(tenant, upload, content_type, locator)[0]
+
+    def upload_inline(
+        self, tenant: Tenant, payload: str, declared: str | None, kind: str
+    ) -> EvidenceRecord:
+        """Stage a request's inline ``data:`` URL (base64 ``payload``) for that
+        request only; its part type ``kind`` must match what the bytes are."""
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise GatewayError("invalid_request", "Inline data is not valid base64.") from exc
+        media = match_content_type(declared, data)
+        if media.modality != kind:
+            raise GatewayError(
+                "modality_not_allowed", f"A {kind} part refers to {media.modality} data."
+            )
+        upload = self._store.stage(data)
+        # Its own record: never the tenant's (which the request's end would delete),
+        # and never an upload's answer either (the request's end deletes it).
+        with self._store.exclusive():  # no upload deduplicates before it is marked
+            record, _ = self.commit_upload(
+                tenant, upload, declared, None, dedupe=False, quota=False
+            )
+            with self._held_lock:
+                self._inline.add(record.id)
+        return record
+
+    def get(self, tenant: Tenant, evidence_id: str) -> EvidenceRecord:
+        record = self._catalog.get(tenant.name, evidence_id, self._not_before(tenant))
+        if record is None:
+            raise GatewayError("evidence_not_found")
+        return record
+
+    def usage(self, tenant: Tenant) -> tuple[int, int]:
+        """(records, bytes) of the tenant's live records."""
+        return self._catalog.usage(tenant.name, self._not_before(tenant))
+
+    def page(
+        self, tenant: Tenant, limit: int, after: str | None
+    ) -> tuple[list[EvidenceRecord], bool]:
+        return self._catalog.page(tenant.name, limit, after, self._not_before(tenant))
+
+    def delete(self, tenant: Tenant, evidence_id: str) -> EvidenceRecord:
+        """Forget a record at once; its file goes once nothing else holds it.
+
+        Works on a full volume: SQLite needs room to journal even a delete, so
+        when it finds none the catalog's reserve file (:meth:`keep_reserve`) is
+        given up for it and made again later."""
+        try:
+            record = self._catalog.delete(tenant.name, evidence_id)
+        except StorageFull:
+            self._release_reserve()
+            record = self._catalog.delete(tenant.name, evidence_id)
+        if record is None:
+            raise GatewayError("evidence_not_found")
+        with self._held_lock:
+            self._inline.discard(record.id)
+        self._drop_file_if_unreferenced(record.sha256, record.ext)
+        return record
+
+    def expire(self, tenant: Tenant) -> int:
+        """Forget the tenant's records past its ``ttl_s``, as DELETE does; how many."""
+        not_before = self._not_before(tenant)
+        if not not_before:
+            return 0
+        try:
+            records = self._catalog.expire(tenant.name, not_before)
+        except StorageFull:
+            self._release_reserve()
+            records = self._catalog.expire(tenant.name, not_before)
+        with self._held_lock:
+            self._inline.difference_update(r.id for r in records)
+        for record in records:
+            self._drop_file_if_unreferenced(record.sha256, record.ext)
+        return len(records)
+
+    def keep_reserve(self) -> None:
+        """Keep :data:`RESERVE_BYTES` next to the catalog for deletes on a full
+        volume (best effort: a full volume at start just has none yet)."""
+        if self._reserve is None or self._reserve.exists():
+            return
+        try:
+            with self._reserve.open("xb") as handle:
+                handle.write(b"\0" * RESERVE_BYTES)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except FileExistsError:
+            return
+        except OSError:
+            with contextlib.suppress(OSError):
+                self._reserve.unlink()
+
+    def _release_reserve(self) -> None:
+        if self._reserve is not None:
+            with contextlib.suppress(OSError):
+                self._reserve.unlink()
+                logger.warning("evidence volume full: the catalog's reserve was used for a delete")
+
+    def _not_before(self, tenant: Tenant) -> int:
+        """Records created before this (unix seconds) are past the tenant's TTL."""
+        ttl = tenant.policy.evidence.ttl_s
+        return int(self._clock() - ttl) if ttl else 0
+
+    def lease(
+        self, request_id: str, tenant: Tenant, evidence_ids: Sequence[str]
+    ) -> list[EvidenceRecord]:
+        """Lease every ID for the request, in order, or none of them.
+
+        Unknown and foreign IDs are 404 ``evidence_not_found``; a record whose
+        modality the tenant no longer allows is 400 ``modality_not_allowed``.
+        """
+        records: list[EvidenceRecord] = []
+        for evidence_id in evidence_ids:
+            record = self.get(tenant, evidence_id)
+            if not tenant.allows_modality(record.modality):
+                raise GatewayError(
+                    "modality_not_allowed", f"The {record.modality} modality is not allowed."
+                )
+            records.append(record)
+        if records:
+            self._catalog.take_leases(request_id, records, self._not_before(tenant))
+            self._count_leases(request_id, len({r.id for r in records}))
+        return records
+
+    def release(self, request_id: str) -> None:
+        """Drop the request's leases and files nothing else holds; idempotent."""
+        released = self._catalog.release_leases(request_id)
+        self._count_leases(request_id, None)
+        for sha256, ext in released:
+            self._drop_file_if_unreferenced(sha256, ext)
+
+    def read_bytes(self, record: EvidenceRecord) -> bytes:
+        return self._store.read(record.sha256, record.ext)
+
+    def active_leases(self) -> int:
+        return self._catalog.active_leases()
+
+    def _count_leases(self, request_id: str, taken: int | None) -> None:
+        """``taken`` leases for the request, or None when they were released."""
+        with self._held_lock:
+            if taken is None:
+                if self._held.pop(request_id, None) is None:
+                    return
+            else:
+                self._held[request_id] = self._held.get(request_id, 0) + taken
+            count = sum(self._held.values())
+        if self._on_leases_change is not None:
+            self._on_leases_change(count)
+
+    def _drop_file_if_unreferenced(self, sha256: str, ext: str) -> None:
+        try:
+            with self._store.exclusive():
+                if not self._catalog.is_referenced(sha256):
+                    self._store.remove(sha256, ext)
+        except GatewayError:
+            logger.warning("evidence file %s.%s not removed; recover() will retry", sha256, ext)

@@ -1,0 +1,87 @@
+"""Small raw-ASGI helpers shared by the handlers: scope accessors, the
+tenant of a small endpoint, error replies.
+
+Handlers that stream or watch for disconnects are raw ASGI (Starlette's
+request/response wrappers would hide ``http.disconnect``); they share these.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from gateway.auth import authorize
+from gateway.auth.failures import failure_reason
+from gateway.config.policy import Tenant
+from gateway.core.errors import GatewayError
+from gateway.core.replies import send_json
+from gateway.observe.access import RequestInfo
+from gateway.pipeline.runtime import Runtime
+from gateway.types import Scope, Send
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+
+#: scope["extensions"] key of the listener's "drop this connection now" callable
+ABORT_EXTENSION = "gateway.abort"
+
+#: the scope each small endpoint needs (spec §4 "Scopes"); inference
+#: descriptors carry their own (gateway/apis)
+_SCOPES = {"models": "inference", "evidence": "evidence", "responses": "inference"}
+
+
+def header(scope: Scope, name: bytes) -> list[bytes]:
+    """Every value of a (lower-case) request header, in order."""
+    return [v for k, v in scope["headers"] if k == name]
+
+
+def request_id_from(scope: Scope) -> str:
+    values = header(scope, b"x-request-id")
+    if len(values) == 1:
+        candidate: str = values[0].decode("latin-1")
+        if _REQUEST_ID.fullmatch(candidate):
+            return candidate
+    return "req_" + os.urandom(16).hex()
+
+
+def info_of(scope: Scope) -> RequestInfo:
+    info = scope["state"]["gateway"]
+    assert isinstance(info, RequestInfo)
+    return info
+
+
+def runtime_of(scope: Scope) -> Runtime:
+    runtime: Runtime = scope["app"].state.runtime
+    return runtime
+
+
+def authorization_values(scope: Scope) -> list[str]:
+    return [v.decode("latin-1") for v in header(scope, b"authorization")]
+
+
+async def tenant_for(scope: Scope, rt: Runtime, endpoint: str) -> Tenant:
+    """Authenticate and authorize a small endpoint's caller (models, evidence, responses)."""
+    policies = rt.policies
+    principal = await rt.auth.authenticate(authorization_values(scope), policies)
+    tenant = policies.tenants[principal.tenant]
+    info_of(scope).tenant = tenant.name
+    authorize(principal, tenant, endpoint, _SCOPES[endpoint])
+    return tenant
+
+
+async def send_error(send: Send, exc: GatewayError, info: RequestInfo) -> None:
+    info.error_code = exc.code
+    info.auth_failure = failure_reason(exc)
+    await send_json(send, exc.status, exc.body(), exc.response_headers())
+
+
+__all__ = [
+    "ABORT_EXTENSION",
+    "authorization_values",
+    "header",
+    "info_of",
+    "request_id_from",
+    "runtime_of",
+    "send_error",
+    "send_json",
+    "tenant_for",
+]

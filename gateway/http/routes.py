@@ -1,0 +1,81 @@
+"""The small endpoints: model listing, probes, metrics (evidence: ``evidence_api.py``).
+
+All raw ASGI like the inference endpoints, sharing ``asgi.py`` helpers, so
+that every reply carries the same error shape and request id.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from gateway.core.errors import GatewayError
+from gateway.http.asgi import info_of, runtime_of, send_error, send_json, tenant_for
+from gateway.types import Receive, Scope, Send
+
+
+async def models(scope: Scope, receive: Receive, send: Send) -> None:
+    """``GET /v1/models`` and ``GET /v1/models/{alias}`` (spec §5, §14): the
+    tenant's aliases; another tenant's alias is like an unknown one."""
+    rt = runtime_of(scope)
+    info = info_of(scope)
+    info.endpoint = "models"
+    try:
+        tenant = await tenant_for(scope, rt, "models")
+        alias = scope.get("path_params", {}).get("alias")
+        if alias is not None and alias not in tenant.policy.models:
+            raise GatewayError("model_not_found", param="model")
+    except GatewayError as exc:
+        await send_error(send, exc, info)
+        return
+    entries = {}
+    for name, route in sorted(tenant.policy.models.items()):
+        state = rt.readiness.state(route)
+        entries[name] = {
+            "id": name,
+            "object": "model",
+            # The worker's creation time; the gateway's start until the worker is seen.
+            "created": state.created or rt.started_unix,
+            "owned_by": "local",
+            "status": state.status or "unavailable",
+        }
+    if alias is not None:
+        await send_json(send, 200, entries[alias])
+        return
+    await send_json(send, 200, {"object": "list", "data": list(entries.values())})
+
+
+async def livez(scope: Scope, receive: Receive, send: Send) -> None:
+    info_of(scope).endpoint = "health"
+    await send_json(send, 200, {"status": "ok"})
+
+
+async def readyz(scope: Scope, receive: Receive, send: Send) -> None:
+    rt = runtime_of(scope)
+    info_of(scope).endpoint = "health"
+    reason = rt.not_ready_reason()
+    ready = rt.accepting() and reason is None
+    routes = {route: state.to_json() for route, state in rt.readiness.routes.items()}
+    body: dict[str, Any] = {
+        "status": "ready" if ready else "not_ready",
+        "routes": routes,
+        "draining": rt.draining,
+    }
+    if reason is not None:
+        body["reason"] = reason
+    await send_json(send, 200 if ready else 503, body)
+
+
+async def metrics(scope: Scope, receive: Receive, send: Send) -> None:
+    rt = runtime_of(scope)
+    info_of(scope).endpoint = "metrics"
+    payload = generate_latest(rt.metrics.registry)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", CONTENT_TYPE_LATEST.encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})

@@ -1,0 +1,226 @@
+"""Pump one worker answer through its dialect to the caller. Knows no endpoint.
+
+Theory of operation:
+
+- Bytes are read from the worker as they arrive, hashed (``stream_sha256``)
+  and fed to the dialect's sans-I/O source (an SSE validator, or a JSON body).
+  Every frame the dialect releases in one read is re-emitted in one ASGI
+  send, so a caller sees each event as soon as it is validated; each ``await
+  send`` applies the caller's backpressure to the worker's stream.
+- Response headers go out with the first valid event (a keep-alive counts).
+  Before that, any failure propagates as a :class:`GatewayError` and becomes an
+  ordinary HTTP error; after it, the stream ends with the dialect's one error
+  frame and no terminator (spec §8, §12). The terminator is sent only after
+  the source has seen the worker's body end right after its own.
+- One deadline covers the whole read: first-event timeout until the first
+  event, then the idle timeout after every event, never past the total. A
+  send to the caller that outlasts it means the caller stopped reading
+  (:class:`~gateway.pipeline.cancel.CallerStalled`), not a worker timeout.
+- :meth:`Relay.stream_to` returns once the answer has ended validly, before
+  the terminator: what the caller may use next (a Responses id) is recorded
+  first, then :meth:`Relay.end` sends it. A non-streaming caller
+  (:meth:`Relay.collect`) gets nothing until the answer is complete, then
+  :meth:`Relay.reply` sends the dialect's assembled answer. The relay never
+  calls back into the pipeline; only it writes its own state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.apis.base import Dialect
+from gateway.core.errors import GatewayError
+from gateway.core.replies import send_json
+from gateway.core.sse import NEED_DATA, Done, KeepAlive
+from gateway.pipeline.cancel import CallerStalled
+from gateway.pipeline.deadline import Deadline
+from gateway.types import Send
+from gateway.upstream.client import UpstreamStream
+
+Opener = Callable[[], Awaitable[UpstreamStream]]
+
+KEEPALIVE_FRAME = b":\n\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    first_event_s: float
+    idle_s: float
+    total_s: float
+
+
+@dataclass(slots=True)
+class RelayState:
+    """What the pump observed; read by the request's ``finally``."""
+
+    headers_sent: bool = False
+    #: the last body message (terminator, answer or error frame) was handed over
+    finished: bool = False
+    #: the answer's valid end reached the caller (terminator or assembled answer)
+    completed: bool = False
+    first_content_at: float | None = None
+    hasher: Any = field(default_factory=hashlib.sha256)
+
+
+class Relay:
+    def __init__(
+        self,
+        dialect: Dialect,
+        *,
+        timeouts: Timeouts,
+        response_headers: list[tuple[bytes, bytes]],
+        abort: Callable[[], None] | None = None,
+    ) -> None:
+        self.dialect = dialect
+        self.timeouts = timeouts
+        self.response_headers = response_headers
+        self.abort = abort
+        self.state = RelayState()
+        self.upstream: UpstreamStream | None = None
+        self._sending = False
+
+    @property
+    def stream_sha256(self) -> str | None:
+        """SHA-256 of the de-chunked bytes the worker sent (None before any)."""
+        return self.state.hasher.hexdigest() if self.dialect.source.bytes_received else None
+
+    async def stream_to(self, open_stream: Opener, send: Send) -> None:
+        """Re-stream to an ASGI ``send`` up to the answer's valid end (the
+        terminator is :meth:`end`'s); on failure after headers, end with an
+        error frame."""
+        try:
+            await self._pump(open_stream, send)
+        except GatewayError as exc:
+            if not self.state.headers_sent:
+                raise
+            await self.end_with_error(send, exc, self.timeouts.idle_s)
+            raise
+
+    async def collect(self, open_stream: Opener) -> None:
+        """Run the pump without a caller stream (non-streaming callers)."""
+        await self._pump(open_stream, None)
+
+    async def end(self, send: Send) -> None:
+        """The terminator, after :meth:`stream_to` returned. A caller that does
+        not take it within the idle timeout stopped reading."""
+        try:
+            async with asyncio.timeout(self.timeouts.idle_s):
+                await send({"type": "http.response.body", "body": self.dialect.terminal_frame})
+        except TimeoutError as exc:
+            raise CallerStalled from exc
+        self.state.finished = self.state.completed = True
+
+    async def reply(self, send: Send, answer: Any, headers: Mapping[str, str]) -> None:
+        """A collected answer as one JSON reply (non-streaming callers)."""
+        await send_json(send, 200, answer, headers)
+        self.state.finished = self.state.completed = True
+
+    async def end_with_error(self, send: Send, exc: GatewayError, timeout_s: float) -> None:
+        """After headers: the one final error frame (no terminator). A caller that
+        stopped reading would block this send for good: past ``timeout_s`` its
+        connection is dropped instead."""
+        self.state.finished = True
+        frame = self.dialect.error_frame(exc)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await send({"type": "http.response.body", "body": frame})
+        except TimeoutError:
+            if self.abort is not None:
+                self.abort()
+
+    def close(self) -> bool:
+        """Close the worker response; True when it was still open (receipt: upstream_closed)."""
+        upstream, self.upstream = self.upstream, None
+        if upstream is None or upstream.closed:
+            return False
+        upstream.close()
+        return True
+
+    async def _pump(self, open_stream: Opener, send: Send | None) -> None:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        total_deadline = start + self.timeouts.total_s
+        source = self.dialect.source
+        hasher = self.state.hasher
+        try:
+            async with Deadline(
+                min(start + self.timeouts.first_event_s, total_deadline)
+            ) as deadline:
+                # The first-event deadline covers connecting and the response head too.
+                upstream = self.upstream = await open_stream()
+                async for raw in upstream:
+                    hasher.update(raw)
+                    source.receive_data(raw)
+                    out: list[bytes] = []
+                    try:
+                        progressed = self._drain(out, send is not None)
+                    except GatewayError:
+                        # Events validated before the bad one still reach the caller,
+                        # however the worker's bytes were split into reads.
+                        if send is not None and out:
+                            await self._send_body(send, out)
+                        raise
+                    if not progressed:
+                        continue
+                    deadline.move_to(min(loop.time() + self.timeouts.idle_s, total_deadline))
+                    if send is not None and out:
+                        await self._send_body(send, out)
+                source.receive_data(b"")
+                out = []
+                try:
+                    ended = self._drain(out, send is not None, at_eof=True)
+                finally:
+                    if send is not None and out:
+                        await self._send_body(send, out)
+                if not ended:
+                    raise GatewayError("upstream_protocol_error")
+        except TimeoutError as exc:
+            if self._sending:
+                # Blocked on the caller, not the worker: the caller stopped reading.
+                raise CallerStalled from exc
+            raise GatewayError("upstream_timeout") from exc
+
+    def _drain(self, out: list[bytes], streaming: bool, *, at_eof: bool = False) -> bool:
+        """Append the frames for every event now available. Returns whether any
+        event completed (before EOF) or whether the answer ended validly (at EOF)."""
+        progressed = False
+        dialect = self.dialect
+        source = dialect.source
+        while True:
+            event = source.next_event()
+            if event is NEED_DATA:
+                return progressed and not at_eof
+            if isinstance(event, Done):
+                return True
+            progressed = True
+            if isinstance(event, KeepAlive):
+                if streaming:
+                    out.append(KEEPALIVE_FRAME)
+                continue
+            frame = dialect.on_item(event)
+            if self.state.first_content_at is None and dialect.has_content:
+                self.state.first_content_at = time.monotonic()
+            if frame is not None:
+                out.append(frame)
+
+    async def _send_body(self, send: Send, frames: list[bytes]) -> None:
+        if not self.state.headers_sent:
+            self.state.headers_sent = True
+            await self._send(
+                send,
+                {"type": "http.response.start", "status": 200, "headers": self.response_headers},
+            )
+        await self._send(
+            send, {"type": "http.response.body", "body": b"".join(frames), "more_body": True}
+        )
+
+    async def _send(self, send: Send, message: dict[str, Any]) -> None:
+        # Left True when the send is cancelled: the deadline then knows whom it cut.
+        self._sending = True
+        await send(message)
+        self._sending = False

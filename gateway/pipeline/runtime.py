@@ -1,0 +1,324 @@
+"""Everything long-lived that one app serves from, built in the lifespan.
+
+A :class:`Runtime` lives on ``app.state.runtime``; nothing here is
+module-level. ``policies`` is replaced whole on reload (an immutable
+:class:`PolicySet`), so a request that read it once keeps that set.
+In-flight inference requests register an :class:`Exchange` so that a drain
+can wait for them and, past the grace period, end them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+import anyio
+import anyio.to_thread
+import httpx
+
+from gateway import __version__
+from gateway.admission import AdmissionGroup
+from gateway.auth import Authenticator
+from gateway.auth.keys import load_key_set
+from gateway.books.evidence.service import EvidenceService
+from gateway.books.receipts import ReceiptWriter
+from gateway.books.responses import ResponseBook
+from gateway.config import GatewayConfig
+from gateway.config.diff import changed_keys
+from gateway.config.loader import ConfigError, Loaded, load_config, load_policies
+from gateway.config.policy import PolicySet
+from gateway.core.errors import GatewayError
+from gateway.observe.listener import MetricsListener
+from gateway.observe.metrics import GatewayMetrics
+from gateway.observe.tracing import NO_TRACING, Tracing, settings_from_env
+from gateway.pipeline.cancel import Exchange
+from gateway.pipeline.probe import probe
+from gateway.ratelimit import LimitsStore, build_limits_store
+from gateway.upstream.readiness import Readiness
+from gateway.upstream.table import RouteTable, capacities
+
+log = logging.getLogger("gateway")
+#: how long a shutdown waits for the limits store's pending settlements
+_LIMITS_CLOSE_S = 5.0
+#: how long a shutdown waits for spans still to be exported
+_TRACING_CLOSE_S = 2.0
+#: how long a drain waits for the requests it ended to hand in their receipts
+_ENDED_WAIT_S = 5.0
+
+
+def shutdown_bound_s(config: GatewayConfig) -> float:
+    """The longest a SIGTERM can take to exit 0 when every store fails at once
+    (a full audit disk, a dead catalog, Redis down, a silent collector): the
+    pod's ``terminationGracePeriodSeconds`` must cover it, or what the later
+    waits still hold is lost to the SIGKILL."""
+    flush = config.audit.flush_timeout_s
+    return (
+        config.listen.shutdown_grace_s
+        + _ENDED_WAIT_S
+        + flush  # receipts (drain)
+        + flush  # Responses ids (close_runtime)
+        + _LIMITS_CLOSE_S
+        + _TRACING_CLOSE_S
+    )
+
+
+@dataclass(eq=False)
+class Runtime:
+    loaded: Loaded
+    policies: PolicySet
+    auth: Authenticator
+    #: route -> worker (its pool, admission, identity)
+    table: RouteTable
+    readiness: Readiness
+    ratelimit: LimitsStore
+    evidence: EvidenceService
+    receipts: ReceiptWriter
+    metrics: GatewayMetrics
+    #: uploads being read (staging.max_concurrent_uploads)
+    uploads: asyncio.Semaphore
+    #: which Responses ids are whose
+    responses: ResponseBook
+    keys_http: httpx.AsyncClient | None = None
+    draining: bool = False
+    inflight: set[Exchange] = field(default_factory=set)
+    background: list[asyncio.Task[None]] = field(default_factory=list)
+    metrics_listener: MetricsListener | None = None
+    tracing: Tracing = NO_TRACING
+    #: unix seconds of the runtime's start (``created`` before the worker reports one)
+    started_unix: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def config(self) -> GatewayConfig:
+        return self.loaded.config
+
+    def accepting(self) -> bool:
+        """Ready for traffic: every route some policy uses is ready, no drain."""
+        return not self.draining and all(self.readiness.ready(r) for r in self.policy_routes())
+
+    def policy_routes(self) -> set[str]:
+        """The routes the tenants' aliases point at (what /readyz answers for)."""
+        return {route for t in self.policies.tenants.values() for route in t.policy.models.values()}
+
+    def check_books(self) -> None:
+        """Refuse new work while receipts cannot be written (spec §13)."""
+        if not self.receipts.healthy:
+            raise GatewayError("audit_unavailable")
+
+    def check_serving(self) -> None:
+        """Refuse a new inference request the gateway cannot serve or cannot
+        keep books for, before it touches the worker (its route's readiness is
+        checked once the route is known)."""
+        self.check_books()
+        if self.draining:
+            raise GatewayError("upstream_not_ready")
+
+    def not_ready_reason(self) -> str | None:
+        """Why ``/readyz`` is 503 beyond the worker's routes, if it is.
+
+        Reads state only (the receipt writer's, the limits store's from its
+        last call or probe), so a probe never waits for either. A failing
+        limits store makes the replica unready only under ``on_error:
+        closed``, where it refuses inference (spec §15); under ``open`` it
+        serves unchecked and stays ready."""
+        if not self.receipts.healthy:
+            return "audit_unavailable"
+        if not self.ratelimit.healthy and self.config.limits_store.on_error == "closed":
+            return "limits_unavailable"
+        return None
+
+    async def reload(self) -> list[str]:
+        """SIGHUP: re-read policies and key files; swap only if all are valid."""
+        try:
+            config = load_config(self.loaded.config_path)
+            policies = load_policies(self.config)
+            keys = load_key_set(self.config.auth, os.environ)
+            if config != self.config:
+                log.warning(
+                    "reload: %s changed at %s; these need a restart",
+                    self.loaded.config_path.name,
+                    ", ".join(changed_keys(self.config, config)),
+                )
+        except ConfigError as exc:
+            self.metrics.reloads.labels("refused").inc()
+            for line in exc.errors:
+                log.error("reload refused: %s", line)
+            return exc.errors
+        self.policies = policies
+        self.auth.swap(keys)
+        self.receipts.reopen()
+        self.metrics.reloads.labels("applied").inc()
+        log.info("reload applied: %d tenants", len(policies.tenants))
+        return []
+
+    async def drain(self, grace_s: float) -> None:
+        """SIGTERM: stop admitting, let in-flight requests finish, then end the rest.
+
+        Bounded: ``grace_s``, then whatever the ended requests need to hand in
+        their receipts, then at most ``audit.flush_timeout_s`` for the writer
+        (a full audit disk must not hold the pod past its termination grace)."""
+        self.draining = True
+        log.info("drain: started, %d requests in flight, grace %.1f s", len(self.inflight), grace_s)
+        await _wait_done(list(self.inflight), grace_s)
+        for exchange in list(self.inflight):
+            exchange.cancel(shutdown=True)
+        await _wait_done(list(self.inflight), _ENDED_WAIT_S)
+        unwritten = await self.receipts.aclose(self.config.audit.flush_timeout_s)
+        log.info("drain: done, %d receipts could not be written", unwritten)
+
+
+async def _wait_done(exchanges: list[Exchange], timeout_s: float) -> None:
+    if not exchanges:
+        return
+    waits = [asyncio.ensure_future(ex.done.wait()) for ex in exchanges]
+    _, pending = await asyncio.wait(waits, timeout=timeout_s)
+    for wait in pending:
+        wait.cancel()
+
+
+def tracing_from_env(environ: Mapping[str, str]) -> Tracing:
+    """The OpenTelemetry tracing the standard variables ask for, if the
+    ``otel`` extra is installed; otherwise none (each reason logged once)."""
+    settings = settings_from_env(environ)
+    for warning in settings.warnings:
+        log.warning("tracing: %s", warning)
+    if not settings.enabled:
+        return NO_TRACING
+    try:
+        from gateway.observe import otel
+    except ImportError:
+        log.warning("tracing: OTEL_TRACES_EXPORTER is set but the otel extra is not installed")
+        return NO_TRACING
+    log.info("tracing: on, exporters %s", ", ".join(settings.exporters))
+    return otel.from_settings(settings, __version__)
+
+
+async def build_runtime(loaded: Loaded, tracing: Tracing | None = None) -> Runtime:
+    config = loaded.config
+    metrics = GatewayMetrics()
+    admissions = AdmissionGroup(
+        capacities(config), config.admission.max_queue, on_change=metrics.on_admission_change
+    )
+    table = RouteTable.build(config, admissions)
+    keys = load_key_set(config.auth, os.environ)
+    evidence = EvidenceService.from_config(config.staging, metrics.leases_active.set)
+    # One server per staging dir: clear temp files and leases a crash left behind.
+    await anyio.to_thread.run_sync(evidence.recover)
+    audit = config.audit
+    receipts = ReceiptWriter(
+        audit.path,
+        max_pending=audit.max_pending,
+        rotate_bytes=audit.rotate_bytes,
+        keep=audit.keep,
+        on_error=metrics.receipt_errors.inc,
+        on_lost=metrics.receipts_lost.inc,
+        on_pending=metrics.receipts_pending.set,
+    )
+    await receipts.start()
+    ratelimit = build_limits_store(config, metrics)
+    await ratelimit.start()
+    metrics.watch_limits_store(lambda: ratelimit.healthy, lambda: ratelimit.pending_settlements)
+    # Only issuers with jwks_url need HTTP; never follow redirects for keys.
+    keys_http = (
+        httpx.AsyncClient(follow_redirects=False, trust_env=False, timeout=5)
+        if any(i.jwks_url for i in config.auth.issuers)
+        else None
+    )
+    runtime = Runtime(
+        loaded=loaded,
+        policies=loaded.policies,
+        auth=Authenticator(keys, http=keys_http),
+        table=table,
+        readiness=Readiness(table, metrics, probe),
+        ratelimit=ratelimit,
+        evidence=evidence,
+        receipts=receipts,
+        metrics=metrics,
+        uploads=asyncio.Semaphore(config.staging.max_concurrent_uploads),
+        responses=ResponseBook(evidence.catalog, config.responses.ttl_s),
+        keys_http=keys_http,
+        tracing=tracing if tracing is not None else tracing_from_env(os.environ),
+    )
+    for problem in await runtime.auth.prefetch():
+        log.warning("jwks prefetch: %s", problem)
+    return runtime
+
+
+async def start_background(runtime: Runtime) -> None:
+    listen = runtime.config.metrics.listen
+    if listen is not None:
+        runtime.metrics_listener = MetricsListener(
+            runtime.metrics.registry, listen.host, listen.port, runtime.config.metrics.path
+        )
+        await runtime.metrics_listener.start()
+    runtime.readiness.start()
+    runtime.responses.start()
+    runtime.background.append(asyncio.create_task(_sweep_expired(runtime), name="evidence-expiry"))
+
+
+async def _sweep_expired(runtime: Runtime) -> None:
+    """Forget records past their tenant's evidence.ttl_s (lookups already skip them)."""
+    interval = runtime.config.staging.expiry_sweep_s
+    while True:
+        await asyncio.sleep(interval)
+        for tenant in list(runtime.policies.tenants.values()):
+            if not tenant.policy.evidence.ttl_s:
+                continue
+            try:
+                forgotten = await anyio.to_thread.run_sync(runtime.evidence.expire, tenant)
+            except GatewayError as exc:
+                log.warning("evidence expiry for %s failed: %s", tenant.name, exc.code)
+                continue
+            if forgotten:
+                log.info("evidence expiry: %d records of %s forgotten", forgotten, tenant.name)
+
+
+async def close_runtime(runtime: Runtime) -> None:
+    """Stop everything; each step whatever the ones before it raised (a failing
+    step must not cost the receipts, the settlements or the spans after it)."""
+    for task in runtime.background:
+        task.cancel()
+    await asyncio.gather(*runtime.background, return_exceptions=True)
+    flush_s = runtime.config.audit.flush_timeout_s
+
+    async def responses() -> None:
+        unwritten = await runtime.responses.aclose(flush_s)
+        if unwritten:
+            log.warning("responses: %d response ids could not be written to the catalog", unwritten)
+
+    async def keys_http() -> None:
+        if runtime.keys_http is not None:
+            await runtime.keys_http.aclose()
+
+    async def evidence() -> None:
+        runtime.evidence.close()
+
+    async def tracing() -> None:
+        if runtime.tracing is not NO_TRACING:
+            # Bounded by close itself (a daemon thread): no worker thread is left
+            # for the interpreter to wait for at exit.
+            await anyio.to_thread.run_sync(runtime.tracing.close, _TRACING_CLOSE_S)
+
+    async def metrics_listener() -> None:
+        if runtime.metrics_listener is not None:
+            await runtime.metrics_listener.aclose()
+
+    steps: list[tuple[str, Callable[[], Awaitable[object]]]] = [
+        ("metrics listener", metrics_listener),
+        ("readiness", runtime.readiness.aclose),
+        ("responses", responses),
+        ("receipts", lambda: runtime.receipts.aclose(flush_s)),
+        ("limits store", lambda: runtime.ratelimit.aclose(_LIMITS_CLOSE_S)),
+        ("upstreams", runtime.table.aclose),
+        ("key fetcher", keys_http),
+        ("evidence", evidence),
+        ("tracing", tracing),
+    ]
+    for name, step in steps:
+        try:
+            await step()
+        except Exception as exc:
+            log.error("shutdown: closing the %s failed: %s", name, type(exc).__name__)

@@ -1,0 +1,100 @@
+"""The request's steps after planning, on one page (``gateway/pipeline/__init__.py``
+lists them): resolve → records → layout → limits → admit → media → worker.
+
+Cost before work (spec §13): everything a request may cost -- body bytes,
+prompt bytes, output tokens, media count, types and bytes, the forwarded
+body's size -- is checked from what is known before the permit; media bytes
+are read only after it, in bounded pieces (``gateway/books/evidence/encode.py``).
+No ``if endpoint == …`` here: what differs lives in the descriptor
+(``gateway/apis``).
+"""
+
+from __future__ import annotations
+
+import time
+
+from gateway.admission import request_weight
+from gateway.apis.base import Api, Plan
+from gateway.apis.usage import estimate_prompt_tokens
+from gateway.core.body import check_size
+from gateway.core.errors import GatewayError
+from gateway.observe.tracing import NS, step
+from gateway.pipeline.call import Call
+from gateway.pipeline.media import body_layout, lease_records, stage_inline
+from gateway.pipeline.worker import call_worker
+from gateway.ratelimit import TenantLimits
+
+
+def resolve(call: Call, plan: Plan) -> None:
+    """The route's worker, once for the whole request (spec §16): a reload that
+    moves the alias later does not move this request."""
+    resolved = call.rt.table.resolve(call.tenant.policy.models, plan.alias, call.rt.readiness)
+    assert resolved is not None  # the plan checked the alias against this policy
+    call.resolved = resolved
+    worker = resolved.worker
+    receipt = call.receipt
+    receipt.model_alias = plan.alias
+    receipt.route = resolved.route
+    receipt.upstream = worker.name
+    receipt.serve_identity = worker.serve_identity
+    receipt.max_tokens = plan.max_tokens
+    receipt.stream = plan.stream
+    receipt.dropped_parts = list(plan.dropped_parts)
+    if not resolved.ready:
+        # Its worker is not touched; other routes keep serving.
+        raise GatewayError("upstream_not_ready")
+
+
+async def run(call: Call, api: Api, plan: Plan) -> None:
+    """Everything from the media records to the worker's answer."""
+    rt, tenant, worker, resolved = call.rt, call.tenant, call.worker, call.resolved
+    assert resolved is not None
+    staging = rt.config.staging
+    forward = api.forward(plan, resolved.route)
+    if plan.previous_response_id is not None:
+        await _own_response(call, plan.previous_response_id)
+    await lease_records(call, plan, api.media_param)
+    body = body_layout(forward, plan, call.records, staging)
+    check_size(body.size, worker.config.max_request_bytes)
+
+    limits = tenant.limits
+    with step(call.info.span, "gateway.limits"):
+        call.reservation = await rt.ratelimit.reserve(
+            tenant.name,
+            TenantLimits(
+                limits.requests_per_minute,
+                limits.tokens_per_minute,
+                limits.tokens_per_day,
+                limits.max_concurrent_requests,
+            ),
+            (plan.max_tokens or 0) + estimate_prompt_tokens(plan.prompt_bytes),
+            # The slot must outlast the admission wait as well as the worker call.
+            wait_s=tenant.policy.admission.queue_timeout_s,
+        )
+    rate_headers = call.reservation.headers()
+    admission = tenant.policy.admission
+    queued_at = time.monotonic()
+    with step(call.info.span, "gateway.admission", {NS + "upstream": worker.name}):
+        call.permit = await worker.admission.acquire(
+            tenant.name,
+            request_weight(tenant.policy.cost, [m.kind for m in plan.media]),
+            share=admission.share,
+            max_permits=admission.max_permits,
+            timeout_s=admission.queue_timeout_s,
+        )
+    waited = time.monotonic() - queued_at
+    call.receipt.queue_ms = round(waited * 1000, 3)
+    rt.metrics.admission_wait.observe(waited)
+
+    if any(ref.source == "data" for ref in plan.media):
+        # Inline data is decoded and staged only now, after the permit.
+        await stage_inline(call, plan)
+        body = body_layout(forward, plan, call.records, staging)
+        check_size(body.size, worker.config.max_request_bytes)
+    await call_worker(call, api, plan, body, rate_headers)
+
+
+async def _own_response(call: Call, response_id: str) -> None:
+    """Forward a previous_response_id only if it is one of the tenant's own."""
+    if await call.rt.responses.alias(call.tenant.name, response_id) is None:
+        raise GatewayError("response_not_found", param="previous_response_id")

@@ -1,0 +1,107 @@
+"""The worker call: the relay set up for the request's dialect, the body sent
+in pieces (evidence read only now), the answer streamed or collected.
+
+A Responses id becomes the tenant's (``note_response``) before the caller
+can use it: before the stream's terminator, before the collected answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import Any
+
+import orjson
+
+from gateway.apis.base import Api, Plan, StreamBounds
+from gateway.apis.usage import Usage, public_usage, usage_of
+from gateway.books.evidence.encode import BodyProducer
+from gateway.core.body import Layout
+from gateway.core.replies import encode_headers
+from gateway.observe.tracing import NO_SPAN, NS
+from gateway.pipeline.call import Call
+from gateway.pipeline.relay import Relay, Timeouts
+
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+async def call_worker(
+    call: Call, api: Api, plan: Plan, body: Layout, rate_headers: dict[str, str]
+) -> None:
+    rt, info, worker = call.rt, call.info, call.worker
+    upstream_cfg = worker.config
+    bounds = StreamBounds(framing=upstream_cfg.framing, text_nul=upstream_cfg.text_nul)
+    dialect = call.dialect = api.dialect(plan, bounds, collect=not plan.stream)
+    headers = [*_SSE_HEADERS, *encode_headers(rate_headers)]
+    if plan.stream:
+        headers.append((b"x-usage-source", dialect.usage_source.encode()))
+    relay = call.relay = Relay(
+        dialect,
+        timeouts=Timeouts(
+            upstream_cfg.first_event_timeout_s,
+            upstream_cfg.idle_timeout_s,
+            upstream_cfg.total_timeout_s,
+        ),
+        # x-request-id and CORS are added by the app's one send wrapper.
+        response_headers=headers,
+        abort=call.exchange.drop_connection,
+    )
+    producer = call.producer = BodyProducer(body, rt.evidence.store)
+    traceparent = None
+    if info.span is not NO_SPAN:
+        span = call.worker_span = info.span.child(
+            f"POST {api.path}",
+            kind="client",
+            attributes={
+                "http.request.method": "POST",
+                "server.address": upstream_cfg.host,
+                "server.port": upstream_cfg.port,
+                "url.path": api.path,
+                NS + "upstream": worker.name,
+            },
+        )
+        traceparent = span.traceparent()
+
+    def opener() -> Awaitable[Any]:
+        return worker.client.open_stream(
+            api.path,
+            producer.pieces(),
+            info.request_id,
+            size=body.size,
+            accept=api.exchange,
+            traceparent=traceparent,
+        )
+
+    if plan.stream:
+        await relay.stream_to(opener, call.send)
+        note_response(call)
+        await relay.end(call.send)
+        return
+    await relay.collect(opener)
+    usage = call.usage = usage_of_call(call)
+    answer = dialect.answer(public_usage(usage))
+    note_response(call)
+    await relay.reply(call.send, answer, {**rate_headers, "x-usage-source": usage.source})
+
+
+def usage_of_call(call: Call) -> Usage:
+    assert call.dialect is not None and call.plan is not None
+    report = call.dialect.report()
+    return usage_of(report.counts, report.usage, call.plan.prompt_bytes, report.output_estimate)
+
+
+def note_response(call: Call) -> None:
+    """A Responses id becomes the tenant's before the caller can use it."""
+    if call.dialect is None or call.plan is None or call.relayed_response is not None:
+        return
+    report = call.dialect.report()
+    response_id = report.response_id
+    if response_id is None:
+        return
+    keep = report.final is not None and call.plan.body.get("store", True) is not False
+    body = orjson.dumps(report.final) if keep else None
+    call.rt.responses.note(call.tenant.name, response_id, call.plan.alias, body)
+    call.relayed_response = response_id

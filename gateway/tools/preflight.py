@@ -1,0 +1,368 @@
+"""Preflight: open and parse every file the config names, before anything is served.
+
+``check`` lists every finding; ``serve`` runs the same checks before uvicorn
+starts, so a missing certificate is one line naming its config key instead
+of a traceback from deep inside the TLS setup.
+
+Theory of operation:
+
+* Each check returns :class:`Finding` values (``error`` or ``warning``),
+  each naming the config key (``listen.tls.certfile``,
+  ``auth.issuers[0].jwks_file``…) and the file it is about. A finding never
+  carries a file's contents or a secret's value: problems are fixed phrases
+  and exception *type* names.
+* Files are opened and parsed the way the server will use them: the
+  certificate and key load together into an ``ssl.SSLContext`` (so a key of
+  another certificate is caught), the client CA bundle loads as verify
+  locations, a JWKS must give keys usable under the issuer's algorithms, an
+  HS256 secret must be set in the environment.
+* Nothing is created or written. A directory the server will create
+  (``staging.dir``, the folders of ``audit.path`` and ``staging.catalog``)
+  passes when it exists and is writable, or when its nearest existing
+  ancestor is a writable directory.
+* Placeholder digests (``gateway.core.digests``) in every ``launch`` block and in
+  policies' ``api_keys`` are warnings: well-formed, so never fatal.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import ssl
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+from pydantic import BaseModel
+
+from gateway.auth.keys import KeyFetchError, check_jwks_url, hs256_secret, parse_jwks
+from gateway.config import GatewayConfig, IssuerConfig, LaunchConfig, TLSConfig
+from gateway.config.loader import (
+    POLICY_SUFFIXES,
+    ConfigError,
+    Loaded,
+    config_warnings,
+    load_config_with_policy_errors,
+    load_policies,
+)
+from gateway.config.policy import PolicySet
+from gateway.core.digests import placeholder_reason
+from gateway.ratelimit.factory import store_password
+
+Level = Literal["error", "warning"]
+#: far above any certificate chain or CA bundle an operator would configure
+MAX_PEM_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    level: Level
+    #: the config key, dotted (``listen.tls.keyfile``, ``api_keys[0].sha256``)
+    key: str
+    #: a fixed phrase; never file contents or a secret
+    problem: str
+    #: the file the finding is about, when there is one
+    path: Path | None = None
+
+    def __str__(self) -> str:
+        where = f"{self.path}: " if self.path is not None else ""
+        return f"{self.key}: {where}{self.problem}"
+
+
+def _error(key: str, problem: str, path: Path | None = None) -> Finding:
+    return Finding("error", key, problem, path)
+
+
+def _warning(key: str, problem: str, path: Path | None = None) -> Finding:
+    return Finding("warning", key, problem, path)
+
+
+def preflight(config: GatewayConfig, env: Mapping[str, str]) -> list[Finding]:
+    """Every file and secret the gateway config names, checked; in config order."""
+    findings: list[Finding] = []
+    if config.listen.tls is not None:
+        findings += check_tls(config.listen.tls)
+    for index, issuer in enumerate(config.auth.issuers):
+        findings += check_issuer(f"auth.issuers[{index}]", issuer, env)
+    findings += check_readable_dir("policies_dir", config.policies_dir)
+    findings += check_writable_dir("staging.dir", config.staging.dir)
+    findings += check_writable_file("staging.catalog", config.staging.catalog)
+    findings += check_writable_file("audit.path", config.audit.path)
+    try:
+        store_password(config, env)
+    except ConfigError:
+        name = config.limits_store.password_env
+        findings.append(
+            _error("limits_store.password_env", f"environment variable {name} is not set or empty")
+        )
+    findings += launch_digest_warnings(config)
+    return findings
+
+
+def errors_of(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.level == "error"]
+
+
+# ------------------------------------------------------------------- files
+
+
+def _read(
+    key: str, path: Path, limit: int = MAX_PEM_BYTES, limit_name: str | None = None
+) -> tuple[bytes | None, Finding | None]:
+    """The file's bytes, or the finding; ``limit_name`` names a configured limit."""
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError as exc:
+        return None, _error(key, f"cannot read ({type(exc).__name__})", path)
+    if len(data) > limit:
+        return None, _error(key, f"larger than {limit_name or f'{limit} bytes'}", path)
+    return data, None
+
+
+class _EncryptedKey(Exception):
+    """Raised by the password callback: serve has no key password to give."""
+
+
+def _no_password() -> bytes:
+    raise _EncryptedKey
+
+
+def check_tls(tls: TLSConfig) -> list[Finding]:
+    """Certificate and key load together (and match); the client CA bundle loads."""
+    findings: list[Finding] = []
+    cert, problem = _read("listen.tls.certfile", tls.certfile)
+    findings += [problem] if problem else []
+    key, problem = _read("listen.tls.keyfile", tls.keyfile)
+    findings += [problem] if problem else []
+    if cert is not None:
+        findings += _check_certificates("listen.tls.certfile", tls.certfile, cert)
+    if cert is not None and key is not None and not findings:
+        findings += _check_pair(tls, key)
+    if tls.client_ca is not None:
+        findings += check_ca_bundle("listen.tls.client_ca", tls.client_ca)
+    return findings
+
+
+def _check_certificates(key: str, path: Path, data: bytes) -> list[Finding]:
+    try:
+        certs = x509.load_pem_x509_certificates(data)
+    except ValueError:
+        return [_error(key, "holds no PEM certificate", path)]
+    now = datetime.datetime.now(datetime.UTC)
+    leaf = certs[0]
+    if leaf.not_valid_after_utc < now:
+        day = leaf.not_valid_after_utc.date().isoformat()
+        return [_warning(key, f"the certificate expired on {day}", path)]
+    if leaf.not_valid_before_utc > now:
+        day = leaf.not_valid_before_utc.date().isoformat()
+        return [_warning(key, f"the certificate is not valid before {day}", path)]
+    return []
+
+
+def _check_pair(tls: TLSConfig, key_data: bytes) -> list[Finding]:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(tls.certfile, tls.keyfile, password=_no_password)
+    except _EncryptedKey:
+        problem = "is encrypted (serve takes no key password)"
+    except ssl.SSLError:
+        # The certificate parsed already: either the key does not parse, or it
+        # is a key of another certificate (OpenSSL words that several ways).
+        problem = "does not match the certificate in listen.tls.certfile"
+        if not _is_private_key(key_data):
+            problem = "is not a PEM private key usable with listen.tls.certfile"
+    except OSError as exc:  # the file changed between the reads
+        problem = f"cannot read ({type(exc).__name__})"
+    else:
+        return []
+    return [_error("listen.tls.keyfile", problem, tls.keyfile)]
+
+
+def _is_private_key(data: bytes) -> bool:
+    try:
+        serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        return False
+    return True
+
+
+def check_ca_bundle(key: str, path: Path) -> list[Finding]:
+    _, problem = _read(key, path)
+    if problem is not None:
+        return [problem]
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_verify_locations(cafile=path)
+    except ssl.SSLError:
+        return [_error(key, "holds no PEM certificate", path)]
+    except OSError as exc:
+        return [_error(key, f"cannot read ({type(exc).__name__})", path)]
+    if context.cert_store_stats().get("x509_ca", 0) == 0:
+        return [_error(key, "holds no CA certificate (no basicConstraints CA:TRUE)", path)]
+    return []
+
+
+def check_issuer(prefix: str, issuer: IssuerConfig, env: Mapping[str, str]) -> list[Finding]:
+    if issuer.jwks_file is not None:
+        key = f"{prefix}.jwks_file"
+        data, problem = _read(key, issuer.jwks_file, issuer.jwks_max_bytes, "jwks_max_bytes")
+        if problem is not None:
+            return [problem]
+        assert data is not None
+        try:
+            parse_jwks(data, issuer)
+        except KeyFetchError as exc:
+            # parse_jwks names key ids and members, never key material.
+            return [_error(key, f"not a usable JWKS: {exc}", issuer.jwks_file)]
+        return []
+    try:
+        if issuer.jwks_url is not None:
+            check_jwks_url(issuer)
+        else:
+            hs256_secret(issuer, env)
+    except KeyFetchError as exc:
+        field = "jwks_url" if issuer.jwks_url is not None else "hs256_secret_env"
+        return [_error(f"{prefix}.{field}", str(exc))]
+    return []
+
+
+def check_readable_dir(key: str, path: Path) -> list[Finding]:
+    if not path.exists():
+        return [_error(key, "does not exist", path)]
+    if not path.is_dir():
+        return [_error(key, "is not a directory", path)]
+    try:
+        next(iter(path.iterdir()), None)
+    except OSError as exc:
+        return [_error(key, f"cannot be listed ({type(exc).__name__})", path)]
+    return []
+
+
+def _nearest_existing(path: Path) -> Path:
+    for candidate in (path, *path.parents):
+        if candidate.exists() or candidate.is_symlink():
+            return candidate
+    return Path(path.anchor or ".")
+
+
+def check_writable_dir(key: str, path: Path) -> list[Finding]:
+    """``path`` is a writable directory, or can be created as one."""
+    existing = _nearest_existing(path)
+    if not existing.is_dir():
+        what = (
+            "is not a directory"
+            if existing == path
+            else f"cannot be created ({existing} is not a directory)"
+        )
+        return [_error(key, what, path)]
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = (
+            "is not writable"
+            if existing == path
+            else f"cannot be created ({existing} is not writable)"
+        )
+        return [_error(key, what, path)]
+    return []
+
+
+def check_writable_file(key: str, path: Path) -> list[Finding]:
+    """``path`` is a writable regular file, or its folder is (or can be) a writable one."""
+    if path.is_dir():
+        return [_error(key, "is a directory", path)]
+    if path.exists():
+        if not path.is_file():
+            return [_error(key, "is not a regular file", path)]
+        if not os.access(path, os.R_OK | os.W_OK):
+            return [_error(key, "is not writable", path)]
+        return []
+    problems = check_writable_dir(key, path.parent)
+    return [_error(key, f"its folder {p.problem}", path) for p in problems]
+
+
+# ------------------------------------------------------------------- digests
+
+
+def _launch_blocks(value: object, path: str) -> Iterator[tuple[str, LaunchConfig]]:
+    """Every LaunchConfig in the config, wherever it sits (one per upstream)."""
+    if isinstance(value, LaunchConfig):
+        yield path, value
+    elif isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            yield from _launch_blocks(getattr(value, name), f"{path}.{name}" if path else name)
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            yield from _launch_blocks(item, f"{path}[{index}]")
+
+
+def launch_digest_warnings(config: GatewayConfig) -> list[Finding]:
+    findings = []
+    for path, launch in _launch_blocks(config, ""):
+        for name in ("binary_sha256", "model_bundle_sha256"):
+            reason = placeholder_reason(getattr(launch, name))
+            if reason is not None:
+                findings.append(_warning(f"{path}.{name}", f"looks like a placeholder: {reason}"))
+    return findings
+
+
+def policy_digest_warnings(policies: PolicySet, directory: Path) -> list[Finding]:
+    """Placeholder ``api_keys[].sha256`` in the tenants' policy files."""
+    findings = []
+    for name, tenant in sorted(policies.tenants.items()):
+        file = _policy_file(directory, name)
+        for index, key in enumerate(tenant.policy.api_keys):
+            reason = placeholder_reason(key.sha256)
+            if reason is not None:
+                findings.append(
+                    _warning(
+                        f"api_keys[{index}].sha256", f"looks like a placeholder: {reason}", file
+                    )
+                )
+    return findings
+
+
+def _policy_file(directory: Path, tenant: str) -> Path:
+    for suffix in POLICY_SUFFIXES:
+        if (directory / f"{tenant}{suffix}").is_file():
+            return directory / f"{tenant}{suffix}"
+    return directory / f"{tenant}.yaml"
+
+
+# ------------------------------------------------------------------- all
+
+
+@dataclass(frozen=True)
+class Checked:
+    """The config, its files and every policy, checked: what ``check`` and ``serve`` act on."""
+
+    #: None unless there are no errors
+    loaded: Loaded | None
+    errors: list[str]
+    warnings: list[str]
+
+
+def load_checked(path: Path, env: Mapping[str, str]) -> Checked:
+    """Config (ConfigError when it is itself invalid), then its files, then every policy.
+
+    Every error of the files and the policies is collected, so one run lists them all.
+    """
+    config = load_config_with_policy_errors(path)
+    findings = preflight(config, env)
+    errors = [str(f) for f in errors_of(findings)]
+    warnings = [*config_warnings(config), *(str(f) for f in findings if f.level == "warning")]
+    policies = None
+    if not any(f.key == "policies_dir" for f in errors_of(findings)):
+        try:
+            policies = load_policies(config)
+        except ConfigError as exc:
+            errors += exc.errors
+    if policies is not None:
+        warnings += [str(f) for f in policy_digest_warnings(policies, config.policies_dir)]
+    loaded = None
+    if policies is not None and not errors:
+        loaded = Loaded(config, policies, path, tuple(warnings))
+    return Checked(loaded, errors, warnings)

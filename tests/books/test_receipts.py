@@ -1,0 +1,203 @@
+"""The receipt writer: whole lines, once each, under concurrency and after a crash."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from pathlib import Path
+
+import orjson
+
+from gateway.books.receipts import Receipt, ReceiptWriter, Usage
+from tests.support.poll import eventually_async
+from tests.support.tmpfs import fill, free, small_fs
+
+
+def _receipt(n: int) -> Receipt:
+    return Receipt(
+        request_id=f"req-{n}",
+        tenant="acme",
+        subject="s",
+        endpoint="chat.completions",
+        serve_identity=None,
+        outcome="complete",
+        usage=Usage(1, 2, 3, "reported"),
+    )
+
+
+async def test_concurrent_writes_are_whole_lines(tmp_path: Path) -> None:
+    path = tmp_path / "audit" / "receipts.jsonl"
+    writer = ReceiptWriter(path)
+    await writer.start()
+
+    async def burst(base: int) -> None:
+        for i in range(100):
+            writer.write(_receipt(base + i))
+            if i % 10 == 0:
+                await asyncio.sleep(0)
+
+    await asyncio.gather(*(burst(k * 1000) for k in range(8)))
+    await writer.flush()
+    await writer.aclose()
+    lines = path.read_bytes().splitlines()
+    assert len(lines) == 800
+    ids = {json.loads(line)["request_id"] for line in lines}
+    assert len(ids) == 800
+    assert writer.written == 800
+
+
+async def test_torn_last_line_leaves_earlier_lines_intact(tmp_path: Path) -> None:
+    path = tmp_path / "receipts.jsonl"
+    writer = ReceiptWriter(path)
+    await writer.start()
+    for i in range(3):
+        writer.write(_receipt(i))
+    await writer.aclose()
+    # A crash mid-append can at worst leave a torn final line.
+    with path.open("ab") as handle:
+        handle.write(b'{"request_id": "torn')
+    writer = ReceiptWriter(path)
+    await writer.start()
+    writer.write(_receipt(99))
+    await writer.aclose()
+    lines = path.read_bytes().split(b"\n")
+    parsed = []
+    for line in lines:
+        try:
+            parsed.append(json.loads(line)["request_id"])
+        except ValueError:
+            continue
+    assert parsed == ["req-0", "req-1", "req-2", "req-99"]
+
+
+def test_receipt_holds_no_text_fields() -> None:
+    fields = set(orjson.loads(orjson.dumps(_receipt(1))))
+    assert not fields & {"prompt", "messages", "content", "text", "authorization"}
+    assert {"request_sha256", "stream_sha256", "usage", "outcome", "cancellation"} <= fields
+
+
+def test_receipt_line_is_every_field_in_order() -> None:
+    # The writer dumps the dataclass itself: the line must hold every field, as asdict().
+    receipt = Receipt(
+        request_id="r",
+        tenant="acme",
+        subject="s",
+        endpoint="chat.completions",
+        serve_identity="sha256:" + "a" * 64,
+        model_alias="m",
+        route="/srv/x",
+        request_sha256="b" * 64,
+        request_bytes=10,
+        artifacts=[{"evidence_id": "ev_1", "sha256": "c" * 64, "media_type": "image/png"}],
+        locator_sha256=["d" * 64, None],
+        dropped_parts=[2],
+        max_tokens=5,
+        stream=True,
+        outcome="complete",
+        error_code="upstream_timeout",
+        finish_reason="stop",
+        usage=Usage(1, 2, 3, "reported", {"prompt_tokens": 1, "x": [1]}),
+        stream_sha256="e" * 64,
+        queue_ms=1.5,
+        ttft_ms=2.5,
+        duration_ms=3.5,
+        cancellation=["caller_disconnected"],
+        created=4.0,
+    )
+    assert orjson.loads(orjson.dumps(receipt)) == dataclasses.asdict(receipt)
+    assert list(orjson.loads(orjson.dumps(receipt))) == [
+        f.name for f in dataclasses.fields(receipt)
+    ]
+
+
+# -- never failing open (spec §13): a real full filesystem ---------------------
+
+
+def _ids(path: Path) -> list[str]:
+    return [json.loads(line)["request_id"] for line in path.read_bytes().splitlines()]
+
+
+async def test_a_full_disk_keeps_receipts_and_recovers_by_itself(tmp_path: Path) -> None:
+    errors: list[int] = []
+    with small_fs(tmp_path / "audit", 256) as fs:
+        path = fs / "receipts.jsonl"
+        writer = ReceiptWriter(path, on_error=lambda: errors.append(1))
+        await writer.start()
+        writer.write(_receipt(0))
+        assert await writer.flush(5) == 0
+        fill(fs)
+        for i in range(1, 60):
+            writer.write(_receipt(i))
+        await eventually_async(lambda: not writer.healthy and errors != [], "writer failing")
+        assert writer.pending > 0
+        free(fs)
+        await eventually_async(lambda: writer.healthy and writer.pending == 0, "writer recovered")
+        await writer.aclose(5)
+        # Each receipt exactly once and whole: a line cut by the full disk was completed.
+        assert _ids(path) == [f"req-{i}" for i in range(60)]
+        assert writer.written == 60 and writer.lost == 0
+
+
+async def test_past_the_backlog_bound_receipts_are_counted_lost(tmp_path: Path) -> None:
+    lost: list[int] = []
+    with small_fs(tmp_path / "audit", 128) as fs:
+        path = fs / "receipts.jsonl"
+        writer = ReceiptWriter(path, max_pending=10, on_lost=lost.append)
+        await writer.start()
+        fill(fs)
+        for i in range(15):
+            writer.write(_receipt(i))
+        assert writer.lost == 5 and sum(lost) == 5
+        await eventually_async(lambda: not writer.healthy, "writer failing")
+        free(fs)
+        await eventually_async(lambda: writer.pending == 0, "backlog written")
+        await writer.aclose(5)
+        assert _ids(path) == [f"req-{i}" for i in range(10)]
+
+
+async def test_flush_and_close_stop_waiting_on_a_full_disk(tmp_path: Path) -> None:
+    with small_fs(tmp_path / "audit", 128) as fs:
+        writer = ReceiptWriter(fs / "receipts.jsonl")
+        await writer.start()
+        fill(fs)
+        for i in range(5):
+            writer.write(_receipt(i))
+        assert await writer.flush(0.2) > 0, "flush reports what it could not write"
+        assert await writer.aclose(0.2) > 0
+        assert writer.pending > 0
+
+
+async def test_rotation_keeps_the_newest_files(tmp_path: Path) -> None:
+    path = tmp_path / "receipts.jsonl"
+    line = len(orjson.dumps(_receipt(0))) + 1
+    writer = ReceiptWriter(path, rotate_bytes=line * 3, keep=2)
+    await writer.start()
+    for i in range(10):
+        writer.write(_receipt(i))
+        assert await writer.flush(5) == 0
+    await writer.aclose(5)
+    _check_rotated(tmp_path, path, line * 3)
+
+
+def _check_rotated(folder: Path, path: Path, bound: int) -> None:
+    files = sorted(p.name for p in folder.iterdir())
+    assert files == ["receipts.jsonl", "receipts.jsonl.1", "receipts.jsonl.2"]
+    kept = _ids(folder / "receipts.jsonl.2") + _ids(folder / "receipts.jsonl.1") + _ids(path)
+    assert kept == [f"req-{i}" for i in range(10 - len(kept), 10)]
+    assert all(p.stat().st_size <= bound for p in folder.iterdir())
+
+
+async def test_reopen_follows_an_external_rotation(tmp_path: Path) -> None:
+    path = tmp_path / "receipts.jsonl"
+    writer = ReceiptWriter(path)
+    await writer.start()
+    writer.write(_receipt(1))
+    assert await writer.flush(5) == 0
+    path.rename(tmp_path / "receipts.jsonl.old")  # logrotate's move
+    writer.reopen()
+    writer.write(_receipt(2))
+    assert await writer.flush(5) == 0
+    await writer.aclose(5)
+    assert _ids(tmp_path / "receipts.jsonl.old") == ["req-1"]
+    assert _ids(path) == ["req-2"]
