@@ -19,6 +19,7 @@ lint: setup
 	$(BIN)/ruff check gateway tests bench
 	$(BIN)/ruff format --check gateway tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # The limits-store tests run real redis-server instances of their own.
 redis-server:

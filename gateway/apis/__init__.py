@@ -3,7 +3,7 @@
 Each module owns one endpoint's field allowlist and planning, the body it
 forwards and its dialect (``base.py`` says what a descriptor is); ``media``,
 ``fields``, ``sampling`` and ``usage`` are the pieces they share. The
-pipeline (``gateway/http/inference.py``) serves every entry of :data:`APIS` the
+pipeline (``gateway/pipeline``) serves every entry of :data:`APIS` the
 same way.
 """
 

@@ -1,6 +1,6 @@
 """What every endpoint descriptor shares: the plan, the media refs, the dialect seam.
 
-One pipeline serves every inference endpoint (``gateway/http/inference.py``); an
+One pipeline serves every inference endpoint (``gateway/pipeline``); an
 :class:`Api` descriptor owns only what differs between them, the way a
 starlette ``Route`` carries what differs per path:
 

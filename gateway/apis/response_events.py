@@ -26,7 +26,7 @@ receipt says ``upstream_error``). EOF before ``[DONE]`` is
 :class:`ResponsesDialect` re-emits each event with ``model`` set back to the
 alias, and answers a non-streaming caller with the terminal event's response
 object, its message text as the worker's non-streaming path leaves it
-(``chunks.worker_text``).
+(``chunk_answer.worker_text``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from typing import Any
 import orjson
 
 from gateway.apis.base import OutputText, Plan, Report, StreamBounds, TextNul
-from gateway.apis.chunks import DONE_FRAME, worker_text
+from gateway.apis.chunk_answer import worker_text
+from gateway.apis.chunk_grammar import DONE_FRAME
 from gateway.apis.usage import estimate_output_tokens, usage_count
 from gateway.core.errors import GatewayError
 from gateway.core.sse import StreamValidator, violation
@@ -345,7 +346,7 @@ class ResponsesDialect:
 
     def answer(self, usage: dict[str, Any]) -> dict[str, Any]:
         """The terminal event's response object, as the worker answers non-streamed:
-        message text with its leading whitespace trimmed (``chunks.worker_text``)."""
+        message text with its leading whitespace trimmed (``chunk_answer.worker_text``)."""
         response = self._response
         assert response is not None, "answer() before a terminal event"
         for part in _content_parts(response, messages_only=True):

@@ -40,7 +40,7 @@ async def stage_inline(call: Call, plan: Plan) -> None:
             assert ref.data_url is not None
             mime, payload = data_url_parts(ref.data_url)
             inline.append((ref.slot, mime, payload, ref.kind))
-    call.records.update(await call.media.stage(inline))
+    await call.media.stage(inline, call.records)
 
 
 def body_layout(

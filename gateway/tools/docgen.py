@@ -202,7 +202,7 @@ def render() -> str:
     lines = [
         "# Configuration reference",
         "",
-        "Generated from the pydantic models (`gateway/config.py`, `gateway/config/policy.py`) by",
+        "Generated from the pydantic models (`gateway/config/`, `gateway/config/policy.py`) by",
         "`python -m gateway.tools.docgen > docs/reference.md`; do not edit it by hand",
         "(`tests/tools/test_docgen.py` fails while it and the models disagree). The same",
         "models as JSON Schema: `mistralrs-gateway schema config` and",

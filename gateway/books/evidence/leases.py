@@ -62,21 +62,21 @@ class RequestMedia:
 
         return await self._in_thread(lease)
 
-    async def stage(self, parts: Sequence[Inline]) -> dict[int, EvidenceRecord]:
-        """Decode, check and stage the inline parts (after the permit); slot -> record."""
+    async def stage(self, parts: Sequence[Inline], records: dict[int, EvidenceRecord]) -> None:
+        """Decode, check and stage the inline parts (after the permit) into
+        ``records`` (slot -> record), filled as each is staged: a request
+        cancelled meanwhile still names what it staged in its receipt."""
         key, tenant, evidence = self.key, self._tenant, self._evidence
-        staged: dict[int, EvidenceRecord] = {}
 
-        def stage() -> dict[int, EvidenceRecord]:
+        def stage() -> None:
             for slot, mime, payload, kind in parts:
                 record = evidence.upload_inline(tenant, payload, mime, kind)
                 self.staged.append(record.id)
-                staged[slot] = record
+                records[slot] = record
             evidence.lease(key, tenant, self.staged)
             self._leased = True
-            return staged
 
-        return await self._in_thread(stage)
+        await self._in_thread(stage)
 
     async def settle(self) -> None:
         """Wait for a thread still taking leases or staging (even after a cancel)."""

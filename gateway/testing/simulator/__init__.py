@@ -13,9 +13,13 @@ embeddings, keep-alive comments, error bodies and ``x-request-id``.
 Modules: knobs.py (knobs, directives, fault sets), plans.py (step types, the
 shared envelope and its faults), chat.py / responses.py (+ responses_input.py)
 / embeddings.py (one dialect each, pure), routes.py (the served models),
-store.py (the Responses store), handlers.py (one handler per route), core.py
-(shared state, recording, playing), transport.py (the connection), server.py
-(``Simulator`` and the CLI).
+store.py (the Responses store), state.py (shared state and the recorded
+requests), handlers.py (one handler per route), channel.py (the parsed request
+and what the core needs of a connection), core.py (recording, routing,
+playing), transport.py (the connection), server.py (``Simulator`` and the
+CLI). No module imports one that imports it back, not even for type
+checking: the core names the connection only as a ``channel.Channel``, and
+handlers take the ``state.State`` that core.py and server.py share.
 
 Theory of operation
 -------------------
@@ -48,7 +52,6 @@ Theory of operation
   pipelined requests, a hang lasts at most 300 s, ``endless_line`` 512 MiB.
 """
 
-from gateway.testing.simulator.core import SimRequest
 from gateway.testing.simulator.knobs import (
     DEFAULT_MODEL_ID,
     EMBEDDINGS_FAULTS,
@@ -57,6 +60,7 @@ from gateway.testing.simulator.knobs import (
     SimKnobs,
 )
 from gateway.testing.simulator.server import Simulator, main
+from gateway.testing.simulator.state import SimRequest
 
 __all__ = [
     "DEFAULT_MODEL_ID",

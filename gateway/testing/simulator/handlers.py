@@ -16,7 +16,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
@@ -44,9 +44,7 @@ from gateway.testing.simulator.plans import (
 )
 from gateway.testing.simulator.responses import Run, background, plan_response
 from gateway.testing.simulator.responses_input import parse_create
-
-if TYPE_CHECKING:
-    from gateway.testing.simulator.core import State
+from gateway.testing.simulator.state import State
 
 _RESPONSES = "/v1/responses"
 _NOT_JSON = DESERIALIZE + "expected value at line 1 column 1"

@@ -16,8 +16,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gateway.testing.simulator.core import Core, SimRequest, State
+from gateway.testing.simulator.core import Core
 from gateway.testing.simulator.knobs import DEFAULT_MODEL_ID, MODELS_FAULTS, SimKnobs
+from gateway.testing.simulator.state import SimRequest, State
 from gateway.testing.simulator.transport import Connection
 
 _READY_TIMEOUT_S = 10.0

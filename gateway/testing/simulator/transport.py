@@ -14,9 +14,11 @@ from typing import cast
 
 import httptools
 
-from gateway.testing.simulator.core import Core, Incoming, SimRequest
+from gateway.testing.simulator.channel import Incoming
+from gateway.testing.simulator.core import Core
 from gateway.testing.simulator.knobs import MAX_BODY_BYTES, SimKnobs
 from gateway.testing.simulator.plans import Head, Op, Pause, Step
+from gateway.testing.simulator.state import SimRequest
 
 _MAX_HEAD_BYTES = 64 * 1024
 

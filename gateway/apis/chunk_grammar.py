@@ -1,0 +1,314 @@
+"""The chat and text-completion chunk stream grammar (spec §8, §12, §14). Pure.
+
+Grammar (:class:`ChunkGrammar`, over events framed by ``gateway/core/sse.py``;
+keep-alives may appear anywhere before ``[DONE]``)::
+
+    data chunk+ -> terminal chunk (finish_reason [+ usage])
+      -> [usage-only chunk, choices: []] -> data: [DONE] -> EOF
+
+States: ``START`` (nothing but keep-alives yet) -> ``STREAMING`` (chunks, no
+finish_reason) -> ``FINISHED`` (terminal chunk seen) -> ``DONE`` (``[DONE]``
+seen, only EOF may follow) -> ``CLOSED``; any failure -> ``ERROR`` (the
+validator's one error sink). Classification (spec §12):
+
+* stream-rule violations, bounds included -> ``upstream_protocol_error``;
+* the worker's in-band error event (``{"error": ...}``, or a raw-text
+  ``data:`` line from releases <= v0.9.2) -> ``upstream_error``, raised at
+  once although the worker follows it with ``[DONE]``;
+* ``finish_reason: "canceled"`` -> ``upstream_error``, outcome ``canceled``;
+* a named event -> violation (chat and completion chunks are unnamed);
+* EOF before ``[DONE]`` -> ``upstream_unavailable`` (the framing's rule).
+
+A data payload that fails to parse is the worker's raw-text error unless it
+opens like JSON (``{`` or ``[``): then it is a broken chunk, not a message.
+U+0000 in text follows ``text_nul`` (spec §14): ``replace`` (default) puts
+U+FFFD in its place in the chunk the caller gets and counts it, ``pass``
+forwards it, ``reject`` is a violation. Assembled text (content plus
+reasoning) is bounded by ``max_text_bytes``.
+
+:class:`SSEValidator` is the grammar under the WHATWG framing, what the
+dialect (``chunks``) reads the worker's stream with; :data:`DONE_FRAME` is the
+``[DONE]`` frame such a stream ends with.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gateway.apis.base import OutputText, TextNul
+from gateway.apis.usage import usage_count
+from gateway.core.errors import GatewayError
+from gateway.core.sse import Framing, StreamValidator, violation
+
+__all__ = [
+    "DONE_FRAME",
+    "Chunk",
+    "ChunkGrammar",
+    "SSEValidator",
+    "StreamRules",
+    "StreamState",
+]
+
+DONE_FRAME = b"data: [DONE]\n\n"
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRules:
+    """What one chat/completion stream may contain; built per request."""
+
+    kind: Literal["chat", "completion"]
+    max_tokens: int | None = None
+    tools_requested: bool = False
+    max_line_bytes: int = 1_048_576
+    max_event_bytes: int = 1_048_576
+    max_stream_bytes: int = 67_108_864
+    max_events: int = 100_000
+    max_text_bytes: int = 16_777_216
+    text_nul: TextNul = "replace"
+    loads: Callable[[bytes | str], Any] = json.loads
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("chat", "completion"):
+            raise ValueError("kind must be 'chat' or 'completion'")
+        if self.text_nul not in ("replace", "pass", "reject"):
+            raise ValueError("text_nul must be replace, pass or reject")
+        if self.max_text_bytes < 1:
+            raise ValueError("stream bounds must be positive")
+        self.framing  # noqa: B018 - validates the framing bounds
+
+    @property
+    def framing(self) -> Framing:
+        return Framing(
+            self.max_line_bytes, self.max_event_bytes, self.max_stream_bytes, self.max_events
+        )
+
+
+@dataclass(slots=True)
+class Chunk:
+    """One validated chunk. ``data`` is the caller's to mutate afterwards."""
+
+    data: dict[str, Any]
+    text: str
+    finish_reason: str | None
+    usage: dict[str, Any] | None
+
+
+class StreamState(enum.Enum):
+    START = "start"
+    STREAMING = "streaming"
+    FINISHED = "finished"
+    DONE = "done"
+    CLOSED = "closed"
+    ERROR = "error"
+
+
+class ChunkGrammar:
+    """Chat/completion chunk rules over framed events; see the module docstring."""
+
+    def __init__(self, rules: StreamRules) -> None:
+        self._rules = rules
+        self._object = "chat.completion.chunk" if rules.kind == "chat" else "text_completion"
+        self._finish_reasons = frozenset(
+            ("stop", "length", "tool_calls") if rules.tools_requested else ("stop", "length")
+        )
+        self.state = StreamState.START
+        self.text = OutputText(rules.max_text_bytes, rules.text_nul, "chunk")
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self.chunk_id: str | None = None
+        self.created: int | None = None
+        self.model: str | None = None
+
+    @property
+    def terminated(self) -> bool:
+        return self.state is StreamState.DONE
+
+    def on_event(self, name: str | None, data: str) -> Chunk | None:
+        if name is not None:
+            raise violation("Upstream sent a named SSE event.")
+        if data == "[DONE]":
+            self._on_done()
+            return None
+        return self._on_payload(data)
+
+    def _on_done(self) -> None:
+        if self.state is not StreamState.FINISHED:
+            raise violation("Upstream sent [DONE] before a finish_reason.")
+        if self._rules.kind == "chat" and self.usage is None:
+            raise violation("Upstream chat stream ended without usage.")
+        self.state = StreamState.DONE
+
+    def _on_payload(self, data: str) -> Chunk:
+        try:
+            obj = self._rules.loads(data)
+        except RecursionError:
+            raise violation("Upstream chunk is nested too deeply.") from None
+        except ValueError:
+            # from None: the decoder's error holds the document (model output)
+            if data.lstrip()[:1] in ("{", "["):
+                raise violation("Upstream chunk is not valid JSON.") from None
+            if not data:
+                raise violation("Upstream sent an empty data event.") from None
+            raise GatewayError("upstream_error") from None
+        if not isinstance(obj, dict):
+            raise violation("Upstream chunk is not a JSON object.")
+        if obj.get("error") is not None:
+            raise GatewayError("upstream_error")
+        return self._on_chunk(obj)
+
+    def _check_identity(self, obj: dict[str, Any]) -> None:
+        if obj.get("object") != self._object:
+            raise violation("Upstream chunk has the wrong object type.")
+        chunk_id, created, model = obj.get("id"), obj.get("created"), obj.get("model")
+        if not isinstance(chunk_id, str) or type(created) is not int or not isinstance(model, str):
+            raise violation("Upstream chunk lacks a valid id, created or model.")
+        if self.chunk_id is None:
+            self.chunk_id, self.created, self.model = chunk_id, created, model
+            return
+        if chunk_id != self.chunk_id:
+            raise violation("Upstream chunk id changed within the stream.")
+        if created != self.created:
+            raise violation("Upstream chunk created changed within the stream.")
+        if model != self.model:
+            raise violation("Upstream chunk model changed within the stream.")
+
+    def _on_chunk(self, obj: dict[str, Any]) -> Chunk:
+        self._check_identity(obj)
+        choices = obj.get("choices")
+        usage = obj.get("usage")
+        if not isinstance(choices, list):
+            raise violation("Upstream chunk has no choices list.")
+        if usage is not None and not isinstance(usage, dict):
+            raise violation("Upstream chunk usage is not an object.")
+        if not choices:
+            return self._on_usage_only(obj, usage)
+        if len(choices) != 1:
+            raise violation("Upstream chunk does not have exactly one choice.")
+        choice = choices[0]
+        if not isinstance(choice, dict) or type(choice.get("index")) is not int:
+            raise violation("Upstream chunk choice is malformed.")
+        if choice["index"] != 0:
+            raise violation("Upstream chunk choice index is not 0.")
+        if self.state is StreamState.FINISHED:
+            raise violation("Upstream sent a chunk after the finish_reason.")
+        text = self._take_text(choice)
+        finish = choice.get("finish_reason")
+        if finish is None:
+            if usage is not None:
+                raise violation("Upstream sent usage before the finish_reason.")
+            self.state = StreamState.STREAMING
+            return Chunk(obj, text, None, None)
+        self._on_finish(finish, usage)
+        return Chunk(obj, text, finish, usage)
+
+    def _on_usage_only(self, obj: dict[str, Any], usage: dict[str, Any] | None) -> Chunk:
+        # OpenAI's include_usage form: the finish chunk had usage null and one
+        # choiceless chunk carries it. mistral.rs itself never sends this.
+        if self.state is not StreamState.FINISHED or usage is None or self.usage is not None:
+            raise violation("Upstream chunk has no choice.")
+        self.usage = self._check_usage(usage)
+        return Chunk(obj, "", None, usage)
+
+    def _on_finish(self, finish: object, usage: dict[str, Any] | None) -> None:
+        if finish == "canceled":
+            self.finish_reason = "canceled"
+            # keep the worker's usage for the receipt if it is sound; the
+            # cancellation, not a usage fault, is the error to report
+            if usage is not None:
+                with contextlib.suppress(GatewayError):
+                    self.usage = self._check_usage(usage)
+            raise GatewayError(
+                "upstream_error", "The inference worker canceled the request.", outcome="canceled"
+            )
+        if not isinstance(finish, str) or finish not in self._finish_reasons:
+            raise violation("Upstream sent a finish_reason outside the allowed set.")
+        if usage is not None:
+            self.usage = self._check_usage(usage)
+        self.finish_reason = finish
+        self.state = StreamState.FINISHED
+
+    def _take_text(self, choice: dict[str, Any]) -> str:
+        if self._rules.kind == "chat":
+            delta = choice.get("delta")
+            if not isinstance(delta, dict):
+                raise violation("Upstream chat chunk has no delta object.")
+            role = delta.get("role")
+            if role is not None and role != "assistant":
+                raise violation("Upstream chunk role is not assistant.")
+            text = self._text_field(delta, "content")
+            self._text_field(delta, "reasoning_content")
+            return text
+        return self._text_field(choice, "text")
+
+    def _text_field(self, holder: dict[str, Any], key: str) -> str:
+        """Validate, count and return one text field ("" when null or absent)."""
+        value = holder.get(key)
+        if value is None:
+            return ""
+        if not isinstance(value, str):
+            raise violation("Upstream chunk text is not a string.")
+        if "\x00" in value:
+            value = holder[key] = self.text.scrub(value)
+        self.text.count(value)
+        return value
+
+    def _check_usage(self, usage: dict[str, Any]) -> dict[str, Any]:
+        prompt = usage_count(usage, "prompt_tokens")
+        completion = usage_count(usage, "completion_tokens")
+        if prompt + completion != usage_count(usage, "total_tokens"):
+            raise violation("Upstream usage does not add up.")
+        max_tokens = self._rules.max_tokens
+        if max_tokens is not None and completion > max_tokens:
+            raise violation("Upstream usage exceeds the request's max_tokens.")
+        # a copy: the caller may strip or rewrite usage in the chunk it forwards
+        return dict(usage)
+
+
+class SSEValidator(StreamValidator[Chunk]):
+    """A chat/completion stream: WHATWG framing under :class:`ChunkGrammar`."""
+
+    grammar: ChunkGrammar
+
+    def __init__(self, rules: StreamRules) -> None:
+        super().__init__(rules.framing, ChunkGrammar(rules))
+
+    @property
+    def state(self) -> StreamState:
+        if self.error is not None:
+            return StreamState.ERROR
+        if self.closed:
+            return StreamState.CLOSED
+        return self.grammar.state
+
+    @property
+    def text_bytes(self) -> int:
+        return self.grammar.text.bytes
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.grammar.finish_reason
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        return self.grammar.usage
+
+    @property
+    def chunk_id(self) -> str | None:
+        return self.grammar.chunk_id
+
+    @property
+    def created(self) -> int | None:
+        return self.grammar.created
+
+    @property
+    def model(self) -> str | None:
+        return self.grammar.model
+
+    @property
+    def nul_replaced(self) -> int:
+        return self.grammar.text.nul_replaced
