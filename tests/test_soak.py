@@ -494,7 +494,7 @@ def check_receipts(soak: Soak, outcomes: list[Outcome]) -> tuple[Counter[str], i
             allowed = {"canceled"}
             if in_outage:  # the outage may have ended it first
                 allowed |= {"incomplete", "upstream_error", "rejected"}
-            assert outcome in allowed, (out, receipt)
+            assert outcome in allowed, (code, out, receipt)
             continue
         assert outcome in OUTCOMES[out.code], (out, receipt)
         assert code == out.code, (out, receipt)

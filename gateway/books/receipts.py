@@ -85,6 +85,8 @@ class Receipt:
     ttft_ms: float | None = None
     duration_ms: float | None = None
     cancellation: list[str] = field(default_factory=list)
+    #: milliseconds per stage (spec §20, gateway/pipeline/timings.py); null: did not run
+    timings_ms: dict[str, float | None] = field(default_factory=dict)
     created: float = 0.0
     #: U+0000 characters replaced by U+FFFD in the streamed text (upstream.text_nul)
     nul_replaced: int = 0

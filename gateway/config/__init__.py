@@ -23,13 +23,20 @@ from gateway.config.listen import CorsConfig, ListenConfig, TLSConfig
 from gateway.config.observe import AuditConfig, LoggingConfig, MetricsConfig, MetricsListen
 from gateway.config.responses import ResponsesConfig
 from gateway.config.staging import StagingConfig
-from gateway.config.upstream import UPSTREAM_NAME, ProbeConfig, UpstreamConfig, is_loopback_host
+from gateway.config.upstream import (
+    UPSTREAM_NAME,
+    ConfirmCancelConfig,
+    ProbeConfig,
+    UpstreamConfig,
+    is_loopback_host,
+)
 
 __all__ = [
     "UPSTREAM_NAME",
     "AdmissionConfig",
     "AuditConfig",
     "AuthConfig",
+    "ConfirmCancelConfig",
     "CorsConfig",
     "GatewayConfig",
     "Hex64",

@@ -37,6 +37,23 @@ class ProbeConfig(Model):
     )
 
 
+class ConfirmCancelConfig(Model):
+    """Canceled requests keep their permits until the worker's metrics confirm
+    the sequence is gone (spec §20), so admission does not overcommit while
+    the worker is still busy with them."""
+
+    metrics_path: Annotated[str, Field(pattern=r"^/[A-Za-z0-9/._-]{0,255}$")] | None = Field(
+        "/metrics",
+        description=(
+            "The worker's Prometheus path (mistral.rs >= 0.9.2); null: no confirmation "
+            "(permits go back when the connection closes)."
+        ),
+    )
+    timeout_s: PositiveFloat = Field(
+        10, description="Longest hold of a canceled request's permits; then they go anyway."
+    )
+
+
 UPSTREAM_NAME = r"^[a-z0-9-]{1,32}$"
 
 
@@ -75,6 +92,10 @@ class UpstreamConfig(Model):
             "A request through the full validator before a route counts as ready; absent: "
             "the models listing alone."
         ),
+    )
+    confirm_cancel: ConfirmCancelConfig = Field(
+        default_factory=ConfirmCancelConfig,
+        description="Hold a canceled request's permits until the worker confirms (spec §20).",
     )
     connect_timeout_s: PositiveFloat = Field(
         2, description="Connecting to the worker; five times it bounds each write of a body."

@@ -32,6 +32,7 @@ from gateway.pipeline import steps
 from gateway.pipeline.call import Call
 from gateway.pipeline.cancel import LAST_WORDS_S, CallerStalled, Exchange, watch_disconnect
 from gateway.pipeline.settle import finish
+from gateway.pipeline.timings import Timings, now
 from gateway.types import Receive, Scope, Send
 
 
@@ -47,11 +48,13 @@ class InferenceEndpoint:
         info = info_of(scope)
         info.endpoint = self.api.name
         policies = rt.policies  # one snapshot for the whole request (reloads swap it)
+        began = now()
         try:
             principal = await rt.auth.authenticate(authorization_values(scope), policies)
         except GatewayError as exc:
             await send_error(send, exc, info)
             return
+        timings = Timings(info.started, auth=now() - began)
         tenant = policies.tenants[principal.tenant]
         info.tenant = tenant.name
         receipt = Receipt(
@@ -63,7 +66,8 @@ class InferenceEndpoint:
             created=time.time(),
         )
         exchange = Exchange(abort=scope.get("extensions", {}).get(ABORT_EXTENSION))
-        call = Call(rt, info, send, tenant, receipt, exchange, RequestMedia(rt.evidence, tenant))
+        media = RequestMedia(rt.evidence, tenant)
+        call = Call(rt, info, send, tenant, receipt, exchange, media, timings)
         rt.inflight.add(exchange)
         try:
             ended = await exchange.run(lambda: self._serve(call, scope, receive, principal))
@@ -80,6 +84,7 @@ class InferenceEndpoint:
         self, call: Call, scope: Scope, receive: Receive, principal: Principal
     ) -> None:
         rt, tenant, info = call.rt, call.tenant, call.info
+        began = now()
         try:
             authorize(principal, tenant, self.api.name, self.api.scope)
             rt.check_serving()
@@ -99,6 +104,8 @@ class InferenceEndpoint:
             call.fail(exc)
             await send_error(call.send, exc, info)
             return
+        finally:
+            call.timings.plan = now() - began
 
         watcher = asyncio.create_task(watch_disconnect(receive, call.exchange))
         try:

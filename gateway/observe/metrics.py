@@ -37,6 +37,8 @@ _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 1
 # Whole requests: from fast refusals to long streams (total timeout 600 s).
 _DURATION_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _STORE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
+# Stages: from a few µs (auth with a cached key) to a worker's minutes-long first token.
+_STAGE_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 120)
 _WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30)
 
 
@@ -89,6 +91,26 @@ class GatewayMetrics:
             "gateway_admission_wait_seconds",
             "Time spent waiting for admission permits.",
             buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
+        self.stages = Histogram(
+            "gateway_stage_seconds",
+            "Time per stage of an inference request (receipt timings_ms, spec §20).",
+            ["stage"],
+            buckets=_STAGE_BUCKETS,
+            registry=r,
+        )
+        self.cancel_confirm = Histogram(
+            "gateway_cancel_confirm_seconds",
+            "From a canceled request's end to the worker's confirmation that it stopped.",
+            ["upstream"],
+            buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
+        self.cancel_unconfirmed = Counter(
+            "gateway_cancel_unconfirmed_total",
+            "Canceled requests whose permits went back at confirm_cancel.timeout_s.",
+            ["upstream"],
             registry=r,
         )
         self.rejections = Counter(

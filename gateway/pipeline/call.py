@@ -21,6 +21,7 @@ from gateway.observe.tracing import Span
 from gateway.pipeline.cancel import Exchange
 from gateway.pipeline.relay import Relay
 from gateway.pipeline.runtime import Runtime
+from gateway.pipeline.timings import Timings
 from gateway.ratelimit import Hold
 from gateway.types import Send
 from gateway.upstream.table import Resolved, Worker
@@ -36,6 +37,7 @@ class Call:
     exchange: Exchange
     #: the evidence the request holds (leases, staged inline data)
     media: RequestMedia
+    timings: Timings
     facts: Facts = field(default_factory=Facts)
     plan: Plan | None = None
     #: the route and its worker, resolved once after planning
@@ -52,6 +54,8 @@ class Call:
     relayed_response: str | None = None
     #: the worker call's span: ended when the worker's response is closed
     worker_span: Span | None = None
+    #: counted in its worker's live requests (from sending until the end)
+    live: bool = False
 
     @property
     def worker(self) -> Worker:

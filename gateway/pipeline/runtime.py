@@ -166,6 +166,8 @@ class Runtime:
         for exchange in list(self.inflight):
             exchange.cancel(shutdown=True)
         await _wait_done(list(self.inflight), _ENDED_WAIT_S)
+        # Requests still waiting for their worker's confirmation hand in their receipts now.
+        await self.table.release_held()
         unwritten = await self.receipts.aclose(self.config.audit.flush_timeout_s)
         log.info("drain: done, %d receipts could not be written", unwritten)
 
@@ -203,6 +205,10 @@ async def build_runtime(loaded: Loaded, tracing: Tracing | None = None) -> Runti
         capacities(config), config.admission.max_queue, on_change=metrics.on_admission_change
     )
     table = RouteTable.build(config, admissions)
+    table.confirm_cancels(
+        lambda upstream, seconds: metrics.child(metrics.cancel_confirm, upstream).observe(seconds),
+        lambda upstream: metrics.child(metrics.cancel_unconfirmed, upstream).inc(),
+    )
     keys = load_key_set(config.auth, os.environ)
     evidence = EvidenceService.from_config(config.staging, metrics.leases_active.set)
     # One server per staging dir: clear temp files and leases a crash left behind.
@@ -310,6 +316,7 @@ async def close_runtime(runtime: Runtime) -> None:
         ("metrics listener", metrics_listener),
         ("readiness", runtime.readiness.aclose),
         ("responses", responses),
+        ("cancel confirmations", runtime.table.release_held),
         ("receipts", lambda: runtime.receipts.aclose(flush_s)),
         ("limits store", lambda: runtime.ratelimit.aclose(_LIMITS_CLOSE_S)),
         ("upstreams", runtime.table.aclose),

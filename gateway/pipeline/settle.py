@@ -9,6 +9,7 @@ permit, a receipt or a count.
 
 from __future__ import annotations
 
+import functools
 import time
 
 from gateway.apis.base import Api
@@ -17,7 +18,9 @@ from gateway.observe.tracing import NO_SPAN, failed
 from gateway.pipeline.call import Call
 from gateway.pipeline.media import record_artifacts
 from gateway.pipeline.spans import request_attributes
+from gateway.pipeline.timings import as_ms
 from gateway.pipeline.worker import note_response, usage_of_call
+from gateway.upstream.confirm import CancelConfirmer, State
 
 
 async def finish(call: Call, api: Api) -> None:
@@ -47,8 +50,8 @@ def settle(call: Call, api: Api) -> None:
         if call.producer.complete:
             receipt.request_sha256 = call.producer.hasher.hexdigest()
             receipt.request_bytes = call.producer.layout.size
-    if call.permit is not None:
-        call.permit.release()
+    if call.live:
+        call.worker.live -= 1
     facts.disconnected, facts.stalled = exchange.disconnected, exchange.stalled
     facts.shutdown = exchange.shutdown
     record_artifacts(receipt, call.plan, call.records)
@@ -72,12 +75,44 @@ def settle(call: Call, api: Api) -> None:
     if call.reservation is not None:
         used = receipt.usage.total_tokens if receipt.usage is not None else 0
         rt.ratelimit.settle(call.reservation, used)
-    receipt.duration_ms = round((time.monotonic() - info.started) * 1000, 3)
+    ended = time.monotonic()
+    receipt.duration_ms = round((ended - info.started) * 1000, 3)
+    _record_timings(call, ended)
     info.outcome = receipt.outcome
     if facts.shutdown and info.error_code is None and not facts.finished:
         info.error_code = "upstream_unavailable"
-    rt.receipts.write(receipt)
     _trace(call, api)
+    confirmer = _confirmer(call)
+    if confirmer is None:
+        _account(call, None)
+    else:
+        # The worker may still be running it: its permits wait for the worker's word.
+        confirmer.hold(functools.partial(_account, call))
+
+
+def _confirmer(call: Call) -> CancelConfirmer | None:
+    """The confirmation a request that reached its worker but did not end there
+    waits for (spec §20): its whole body was sent, and the gateway closed the
+    worker's response before its end or gave up waiting for its head."""
+    if call.permit is None or call.resolved is None or call.worker.confirmer is None:
+        return None
+    producer = call.producer
+    if producer is None or not producer.complete:
+        return None  # a body cut short is discarded by the worker: nothing runs
+    facts = call.facts
+    gave_up = call.timings.head_at is None and facts.error_code == "upstream_timeout"
+    return call.worker.confirmer if facts.upstream_closed or gave_up else None
+
+
+def _account(call: Call, confirmation: State | None) -> None:
+    """The permits back, the receipt written, the outcome counted: at the end,
+    or once the worker confirmed (or could not)."""
+    rt, receipt = call.rt, call.receipt
+    if confirmation is not None:
+        receipt.cancellation.append(confirmation)
+    if call.permit is not None:
+        call.permit.release()
+    rt.receipts.write(receipt)
     metrics, tenant = rt.metrics, receipt.tenant
     metrics.child(metrics.stream_outcomes, tenant, receipt.outcome).inc()
     if receipt.usage is not None:
@@ -86,6 +121,19 @@ def settle(call: Call, api: Api) -> None:
         metrics.child(metrics.tokens, tenant, "completion", source).inc(
             receipt.usage.completion_tokens
         )
+
+
+def _record_timings(call: Call, ended: float) -> None:
+    timings = call.timings
+    if call.producer is not None and call.producer.media_s:
+        timings.add_media(call.producer.media_s)
+    first = call.relay.state.first_content_at if call.relay is not None else None
+    stages = timings.stages(first, ended)
+    call.receipt.timings_ms = as_ms(stages)
+    metrics = call.rt.metrics
+    for stage, seconds in stages.items():
+        if seconds is not None:
+            metrics.child(metrics.stages, stage).observe(seconds)
 
 
 def _trace(call: Call, api: Api) -> None:

@@ -11,8 +11,6 @@ No ``if endpoint == …`` here: what differs lives in the descriptor
 
 from __future__ import annotations
 
-import time
-
 from gateway.admission import request_weight
 from gateway.apis.base import Api, Plan
 from gateway.apis.usage import estimate_prompt_tokens
@@ -21,6 +19,7 @@ from gateway.core.errors import GatewayError
 from gateway.observe.tracing import NS, step
 from gateway.pipeline.call import Call
 from gateway.pipeline.media import body_layout, lease_records, stage_inline
+from gateway.pipeline.timings import now
 from gateway.pipeline.worker import call_worker
 from gateway.ratelimit import TenantLimits
 
@@ -53,11 +52,15 @@ async def run(call: Call, api: Api, plan: Plan) -> None:
     forward = api.forward(plan, resolved.route)
     if plan.previous_response_id is not None:
         await _own_response(call, plan.previous_response_id)
-    await lease_records(call, plan, api.media_param)
+    if plan.media:
+        began = now()
+        await lease_records(call, plan, api.media_param)
+        call.timings.add_media(now() - began)
     body = body_layout(forward, plan, call.records, staging)
     check_size(body.size, worker.config.max_request_bytes)
 
     limits = tenant.limits
+    began = now()
     with step(call.info.span, "gateway.limits"):
         call.reservation = await rt.ratelimit.reserve(
             tenant.name,
@@ -71,9 +74,10 @@ async def run(call: Call, api: Api, plan: Plan) -> None:
             # The slot must outlast the admission wait as well as the worker call.
             wait_s=tenant.policy.admission.queue_timeout_s,
         )
+    call.timings.limits = now() - began
     rate_headers = call.reservation.headers()
     admission = tenant.policy.admission
-    queued_at = time.monotonic()
+    queued_at = now()
     with step(call.info.span, "gateway.admission", {NS + "upstream": worker.name}):
         call.permit = await worker.admission.acquire(
             tenant.name,
@@ -82,13 +86,15 @@ async def run(call: Call, api: Api, plan: Plan) -> None:
             max_permits=admission.max_permits,
             timeout_s=admission.queue_timeout_s,
         )
-    waited = time.monotonic() - queued_at
+    waited = call.timings.admission = now() - queued_at
     call.receipt.queue_ms = round(waited * 1000, 3)
     rt.metrics.admission_wait.observe(waited)
 
     if any(ref.source == "data" for ref in plan.media):
         # Inline data is decoded and staged only now, after the permit.
+        began = now()
         await stage_inline(call, plan)
+        call.timings.add_media(now() - began)
         body = body_layout(forward, plan, call.records, staging)
         check_size(body.size, worker.config.max_request_bytes)
     await call_worker(call, api, plan, body, rate_headers)

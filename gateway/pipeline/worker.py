@@ -7,9 +7,6 @@ can use it: before the stream's terminator, before the collected answer.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
-from typing import Any
-
 import orjson
 
 from gateway.apis.base import Api, Plan, StreamBounds
@@ -20,6 +17,8 @@ from gateway.core.replies import encode_headers
 from gateway.observe.tracing import NO_SPAN, NS
 from gateway.pipeline.call import Call
 from gateway.pipeline.relay import Relay, Timeouts
+from gateway.pipeline.timings import now
+from gateway.upstream.client import UpstreamStream
 
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -65,8 +64,13 @@ async def call_worker(
         )
         traceparent = span.traceparent()
 
-    def opener() -> Awaitable[Any]:
-        return worker.client.open_stream(
+    timings = call.timings
+
+    async def opener() -> UpstreamStream:
+        timings.sent_at = now()
+        worker.live += 1
+        call.live = True
+        stream = await worker.client.open_stream(
             api.path,
             producer.pieces(),
             info.request_id,
@@ -74,6 +78,8 @@ async def call_worker(
             accept=api.exchange,
             traceparent=traceparent,
         )
+        timings.head_at = now()
+        return stream
 
     if plan.stream:
         await relay.stream_to(opener, call.send)

@@ -47,6 +47,10 @@ class _BadBody(Exception):
     """A small JSON answer over its bound, or in a content coding."""
 
 
+class MetricsUnreadable(Exception):
+    """The worker's metrics could not be read whole in time (slow, huge, unreachable)."""
+
+
 class ListingError(Exception):
     """The models listing failed; ``reason`` is a readiness reason word (spec §16)."""
 
@@ -257,14 +261,29 @@ class Upstream:
             body = None
         return status, body
 
+    async def get_metrics(self, path: str, timeout_s: float, limit: int) -> tuple[int, bytes]:
+        """The worker's Prometheus exposition (spec §20): status and body, bounded
+        like every small exchange; :class:`MetricsUnreadable` when it could not be
+        read whole within ``timeout_s`` and ``limit`` bytes."""
+        try:
+            return await self._small_json("GET", path, None, timeout_s, limit, accept="text/plain")
+        except (httpx.HTTPError, TimeoutError, _BadBody) as exc:
+            raise MetricsUnreadable from exc
+
     async def _small_json(
-        self, method: str, path: str, request_id: str | None, timeout_s: float, limit: int
+        self,
+        method: str,
+        path: str,
+        request_id: str | None,
+        timeout_s: float,
+        limit: int,
+        accept: str = "application/json",
     ) -> tuple[int, bytes]:
         """Status and body of one small exchange, bounded by the bytes received
         (a declared or actual body over ``limit`` is :class:`_BadBody`) and in
         total time; a content coding is refused, never decoded (a gzip bomb
         would inflate in memory before any size check)."""
-        headers = {"accept": "application/json", "accept-encoding": "identity"}
+        headers = {"accept": accept, "accept-encoding": "identity"}
         if request_id is not None:
             headers["x-request-id"] = request_id
         async with asyncio.timeout(timeout_s):

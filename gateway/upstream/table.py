@@ -11,13 +11,15 @@ only, while streams in flight finish where they started.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.admission import Admission, AdmissionGroup
 from gateway.config import GatewayConfig, UpstreamConfig
 from gateway.upstream.client import Upstream
+from gateway.upstream.confirm import MAX_METRICS_BYTES, CancelConfirmer
 from gateway.upstream.launch import serve_identity
 
 
@@ -27,6 +29,10 @@ class Worker:
     client: Upstream
     admission: Admission
     serve_identity: str | None
+    #: holds canceled requests' permits until the worker confirms (spec §20); None: off
+    confirmer: CancelConfirmer | None = None
+    #: requests sent to this worker and not yet ended (the confirmation's "live")
+    live: int = 0
 
     @property
     def name(self) -> str:
@@ -89,9 +95,44 @@ class RouteTable:
             return None
         return Resolved(alias, route, self._by_route[route], readiness.ready(route))
 
+    def confirm_cancels(
+        self,
+        on_confirmed: Callable[[str, float], None],
+        on_unconfirmed: Callable[[str], None],
+    ) -> None:
+        """A :class:`CancelConfirmer` for each worker whose ``confirm_cancel``
+        names a metrics path."""
+        for worker in self.workers.values():
+            confirm = worker.config.confirm_cancel
+            if confirm.metrics_path is None:
+                continue
+            worker.confirmer = CancelConfirmer(
+                worker.name,
+                functools.partial(
+                    worker.client.get_metrics,
+                    confirm.metrics_path,
+                    worker.config.readiness_timeout_s,
+                    MAX_METRICS_BYTES,
+                ),
+                timeout_s=confirm.timeout_s,
+                live=functools.partial(_live, worker),
+                on_confirmed=functools.partial(on_confirmed, worker.name),
+                on_unconfirmed=functools.partial(on_unconfirmed, worker.name),
+            )
+
+    async def release_held(self) -> None:
+        """Give back every canceled request's permits still waiting for its worker."""
+        for worker in self.workers.values():
+            if worker.confirmer is not None:
+                await worker.confirmer.aclose()
+
     async def aclose(self) -> None:
         for worker in self.workers.values():
             await worker.client.aclose()
+
+
+def _live(worker: Worker) -> int:
+    return worker.live
 
 
 def capacities(config: GatewayConfig) -> dict[str, int]:

@@ -484,7 +484,7 @@ def test_caller_that_stops_reading_holds_bounded_memory_and_is_cut(hostile: Stac
     finally:
         tracemalloc.stop()
     assert receipt["outcome"] == "canceled"
-    assert receipt["cancellation"] == ["caller_stalled", "upstream_closed"]
+    assert receipt["cancellation"] == ["caller_stalled", "upstream_closed", "worker_confirmed"]
 
     def stalled() -> Any:
         # requests() returns snapshots: look again each time.

@@ -315,7 +315,11 @@ def test_disconnect_closes_the_worker_connection(
         rid = request.headers["x-request-id"]
         receipt = stack.receipt(rid)
         assert receipt["outcome"] == "canceled"
-        assert receipt["cancellation"] == ["caller_disconnected", "upstream_closed"]
+        assert receipt["cancellation"] == [
+            "caller_disconnected",
+            "upstream_closed",
+            "worker_confirmed",
+        ]
         assert receipt["usage"]["source"] == "estimated"
         assert stack.metric("gateway_permits_in_use") == 0
 

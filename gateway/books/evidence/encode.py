@@ -42,6 +42,8 @@ class BodyProducer:
         self.store = store
         self.hasher = hashlib.sha256()
         self.sent = 0
+        #: seconds spent reading, checking and encoding media (receipt timings_ms.media)
+        self.media_s = 0.0
         self._files: dict[str, int] = {}
 
     @property
@@ -70,12 +72,16 @@ class BodyProducer:
         loop = asyncio.get_running_loop()
         fd = self._files.get(slot.sha256)
         if fd is None:
+            began = loop.time()
             fd = await loop.run_in_executor(None, self.store.open_read, slot.sha256, slot.ext)
+            self.media_s += loop.time() - began
             self._files[slot.sha256] = fd
         digest = hashlib.sha256()
         offset = 0
         while offset < slot.raw_bytes or offset == 0:
+            began = loop.time()
             piece = await loop.run_in_executor(None, self._piece, fd, offset, digest, slot)
+            self.media_s += loop.time() - began
             offset += PIECE_RAW
             yield piece
             if offset >= slot.raw_bytes:

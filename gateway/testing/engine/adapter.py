@@ -133,6 +133,7 @@ class Adapter:
             "/v1/chat/completions": ("POST", self._chat),
             "/v1/completions": ("POST", self._completions),
             "/adapter/stats": ("GET", self._stats),
+            "/metrics": ("GET", self._metrics),
             "/health": ("GET", self._health),
         }
         route = routes.get(request.path)
@@ -150,6 +151,27 @@ class Adapter:
 
     async def _health(self, conn: Connection, request: Request, base: list[Any]) -> None:
         await conn.respond(200, [*base, _TEXT], b"OK", keep_alive=request.keep_alive)
+
+    async def _metrics(self, conn: Connection, request: Request, base: list[Any]) -> None:
+        """The engine's sequence families as far as the SDK lets the adapter see
+        them (docs/engine-lane.md): a sequence runs while its streamer is open
+        (the engine ends it at its next send after the streamer is dropped), none
+        waits where the adapter can see it, and a stream whose caller left counts
+        as canceled once its streamer is gone."""
+        engine, stats = self.engine, self.stats
+        running = engine.open_streamers
+        canceled = stats.streams_dropped - max(0, running - stats.active_streams)
+        text = (
+            "# mistral.rs engine adapter (test equipment): the SDK's view\n"
+            "# TYPE mistralrs_sequences_running gauge\n"
+            f"mistralrs_sequences_running {running}\n"
+            "# TYPE mistralrs_sequences_waiting gauge\n"
+            "mistralrs_sequences_waiting 0\n"
+            "# TYPE mistralrs_sequences_completed_total counter\n"
+            f'mistralrs_sequences_completed_total{{reason="canceled"}} {max(0, canceled)}\n'
+        )
+        headers = [*base, ("content-type", "text/plain; version=0.0.4")]
+        await conn.respond(200, headers, text.encode(), keep_alive=request.keep_alive)
 
     async def _stats(self, conn: Connection, request: Request, base: list[Any]) -> None:
         body = {

@@ -108,7 +108,7 @@ class Core:
             return await conn.play(plan, job.knobs, keep)
         finally:
             conn.end()
-            self.state.leave()
+            self.state.leave(req)
 
     def _committing(self, plan: Iterator[PlanStep]) -> Iterator[Step]:
         for step in plan:

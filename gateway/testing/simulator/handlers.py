@@ -31,6 +31,7 @@ from gateway.testing.simulator.knobs import (
     apply_directives,
     check_fault,
 )
+from gateway.testing.simulator.metrics import reply as metrics_reply
 from gateway.testing.simulator.plans import (
     DESERIALIZE,
     Op,
@@ -304,9 +305,7 @@ def _models(state: State, rid: str) -> Iterator[Step]:
 def _admin(state: State, path: str, body: bytes, rid: str) -> Iterator[Step]:
     if path == "/metrics":
         with state.cond:
-            active = state.active
-        text = f"# mistralrs protocol simulator\nmistralrs_sequences_running {active}\n"
-        return text_reply(200, text, rid)
+            return metrics_reply(state.engine, state.active, rid)
     if path == "/v1/lora_adapters":
         error = {"message": "LoRA runtime is not available", "type": "invalid_request_error"}
         return json_reply(409, {"error": {**error, "code": "lora_runtime_unavailable"}}, rid)

@@ -18,6 +18,8 @@ from typing import Any
 
 from gateway.testing.simulator.core import Core
 from gateway.testing.simulator.knobs import DEFAULT_MODEL_ID, MODELS_FAULTS, SimKnobs
+from gateway.testing.simulator.metrics import MODES as METRICS_MODES
+from gateway.testing.simulator.metrics import EngineMetrics
 from gateway.testing.simulator.state import SimRequest, State
 from gateway.testing.simulator.transport import Connection
 
@@ -232,6 +234,7 @@ class Simulator:
             st.knobs = st.initial_knobs
             st.routes.reset()
             st.models_fault = None
+            st.engine = EngineMetrics()
             st.store.clear()
 
     @property
@@ -284,6 +287,27 @@ class Simulator:
             raise ValueError(f"fault must be one of {sorted(MODELS_FAULTS)} or None")
         with self._state.cond:
             self._state.models_fault = fault
+
+    def set_metrics(self, mode: str = "engine", confirm_delay_s: float | None = 0.0) -> None:
+        """How ``/metrics`` answers and how long a canceled stream keeps running
+        there (None: it never ends); see ``gateway/testing/simulator/metrics.py``."""
+        if mode not in METRICS_MODES:
+            raise ValueError(f"mode must be one of {sorted(METRICS_MODES)}")
+        with self._state.cond:
+            engine = self._state.engine
+            engine.mode, engine.confirm_delay_s = mode, confirm_delay_s
+
+    @property
+    def metrics_requests(self) -> int:
+        """How many times ``/metrics`` was read."""
+        with self._state.cond:
+            return self._state.engine.requests
+
+    @property
+    def canceled_running(self) -> int:
+        """Canceled streams the simulated engine has not noticed yet."""
+        with self._state.cond:
+            return len(self._state.engine.pending)
 
     def set_knobs(self, **changes: Any) -> None:
         """Change the default knobs of later requests (same names as the constructor)."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.testing.simulator.knobs import SimKnobs
+from gateway.testing.simulator.metrics import EngineMetrics
 from gateway.testing.simulator.plans import StoreCommit
 from gateway.testing.simulator.routes import Routes
 from gateway.testing.simulator.store import ResponseStore
@@ -71,6 +72,7 @@ class State:
         self.active = 0
         self.max_active = 0
         self.models_fault: str | None = None
+        self.engine = EngineMetrics()
         self.store = ResponseStore.empty()
 
     @property
@@ -106,9 +108,12 @@ class State:
             self.cond.notify_all()
             return number
 
-    def leave(self) -> None:
+    def leave(self, req: SimRequest | None = None) -> None:
         with self.cond:
             self.active -= 1
+            if req is not None and req.disconnected_at is not None:
+                # Like the engine: a canceled sequence ends only when it notices.
+                self.engine.canceled(time.monotonic())
             self.cond.notify_all()
 
     def commit(self, commit: StoreCommit) -> None:

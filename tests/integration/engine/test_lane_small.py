@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import socket
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -77,7 +78,7 @@ def test_a_caller_that_leaves_stops_the_engine(small: EngineStack) -> None:
 
     receipt = small.receipt(request_id, timeout_s=10)
     assert receipt["outcome"] == "canceled"
-    assert receipt["cancellation"] == ["caller_disconnected", "upstream_closed"]
+    assert receipt["cancellation"] == ["caller_disconnected", "upstream_closed", "worker_confirmed"]
     assert receipt["usage"]["source"] == "estimated"
     assert small.metric("gateway_permits_in_use") == 0
 
@@ -115,3 +116,50 @@ def test_keepalives_every_millisecond_break_nothing(small: EngineStack) -> None:
         )
     assert chunks[-1].choices[0].finish_reason == "length"
     assert all(chunk.model == ALIAS for chunk in chunks)
+
+
+def test_a_caller_leaving_during_prefill_keeps_the_permit_until_the_engine_lets_go(
+    small: EngineStack,
+) -> None:
+    """Spec §20 on the real engine: a long prompt, the caller gone before its
+    first token. The adapter's /metrics is the SDK's view (docs/engine-lane.md):
+    the sequence runs while its streamer is open."""
+    adapter: EngineAdapter = small.adapter
+    request_id = "lane-prefill-" + os.urandom(4).hex()
+    prompt = " ".join(f"word{n % 97}" for n in range(400))  # well inside the 2,048 context
+    body = gateway_body(
+        chat_body(messages=[{"role": "user", "content": prompt}], max_tokens=400, stream=True)
+    )
+    payload = json.dumps(body).encode()
+    sock = rawhttp.connect(small.gw.server.port)
+    try:
+        sock.sendall(rawhttp.chat_post(small.rs256(), [("x-request-id", request_id)], body=payload))
+        started = eventually(lambda: adapter.stats()["active_streams"] == 1, timeout_s=30)
+        if not started:
+            sock.settimeout(5)
+            print(sock.recv(4096))
+        assert started
+    finally:
+        sock.close()
+    left = time.monotonic()
+    streamer_gone: list[float] = []
+    permit_back: list[float] = []
+    deadline = left + 60
+    while time.monotonic() < deadline and not (streamer_gone and permit_back):
+        now = time.monotonic()
+        if not streamer_gone and adapter.stats()["open_streamers"] == 0:
+            streamer_gone.append(now)
+        if not permit_back and small.metric("gateway_permits_in_use") == 0:
+            permit_back.append(now)
+        time.sleep(0.005)
+    assert streamer_gone and permit_back
+    receipt = small.receipt(request_id, timeout_s=10)
+    assert receipt["outcome"] == "canceled"
+    assert receipt["cancellation"][-1] == "worker_confirmed"
+    # The permit went back after the engine dropped the sequence (one 100 ms
+    # poll later at most, plus this loop's own 5 ms step).
+    assert permit_back[0] >= streamer_gone[0] - 0.01
+    print(
+        f"engine let go {1000 * (streamer_gone[0] - left):.0f} ms after the caller left; "
+        f"permit back after {1000 * (permit_back[0] - left):.0f} ms"
+    )

@@ -1,0 +1,368 @@
+"""The request's one ``finally`` (``settle.finish``/``settle.settle``) and the
+worker call's bookkeeping (``worker.note_response``, ``worker.usage_of_call``),
+on small real objects: a real chat dialect and relay over a fake worker stream,
+real metrics, recording fakes for the receipt writer, limits and Responses ids."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from typing import Any, cast
+
+import orjson
+import pytest
+
+from gateway.admission import Permit
+from gateway.apis.base import Dialect, MediaRef, Report, StreamBounds
+from gateway.apis.chat import ChatApi
+from gateway.apis.usage import Usage
+from gateway.books.evidence.encode import BodyProducer
+from gateway.core.errors import GatewayError
+from gateway.pipeline.call import Call
+from gateway.pipeline.relay import Relay, Timeouts
+from gateway.pipeline.settle import finish, settle
+from gateway.pipeline.worker import note_response, usage_of_call
+from gateway.ratelimit import Hold
+from tests.pipeline.support import (
+    ALIAS,
+    TENANT,
+    Caller,
+    FakeMedia,
+    FakeRuntime,
+    FakeUpstream,
+    chat_plan,
+    make_call,
+    record,
+    sse_fixture,
+)
+from tests.support.sse import chunk, event
+
+API = ChatApi()
+VALID = sse_fixture("chat_valid.sse")
+RESPONSE_ID = "resp_0123-abcd"
+
+
+class _Permit:
+    def __init__(self) -> None:
+        self.released = 0
+
+    def release(self) -> None:
+        self.released += 1
+
+
+class _Producer:
+    def __init__(self, *, complete: bool, body: bytes = b'{"model":"x"}') -> None:
+        self.complete = complete
+        self.closed = 0
+        self.media_s = 0.0
+        self.hasher = hashlib.sha256(body)
+        self.layout = type("L", (), {"size": len(body)})()
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def _rt(call: Call) -> FakeRuntime:
+    return cast(FakeRuntime, call.rt)
+
+
+def _sample(call: Call, name: str, **labels: str) -> float:
+    value = _rt(call).metrics.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+async def _streamed(call: Call, raw: bytes, *, end: bool = True) -> FakeUpstream:
+    """Run a real relay over ``raw`` for ``call`` as ``worker.call_worker`` does."""
+    plan = call.plan = call.plan or chat_plan()
+    dialect = call.dialect = API.dialect(plan, StreamBounds(), collect=False)
+    relay = call.relay = Relay(dialect, timeouts=Timeouts(5, 0.05, 5), response_headers=[])
+    upstream = FakeUpstream([raw], end=end)
+    try:
+        async with asyncio.timeout(5):
+            await relay.stream_to(upstream.opener(), call.send)
+            await relay.end(call.send)
+    except GatewayError as exc:
+        call.fail(exc)
+    return upstream
+
+
+# -- settle: what the receipt says --------------------------------------------
+
+
+async def test_a_refusal_before_the_worker_is_one_rejected_receipt() -> None:
+    call = make_call()
+    call.fail(GatewayError("rate_limited"))
+    settle(call, API)
+    (receipt,) = _rt(call).receipts.written
+    assert receipt is call.receipt
+    assert (receipt.outcome, receipt.error_code) == ("rejected", "rate_limited")
+    assert receipt.usage is None and receipt.stream_sha256 is None and receipt.ttft_ms is None
+    assert receipt.cancellation == [] and call.info.outcome == "rejected"
+    assert not call.facts.upstream_closed
+    assert _sample(call, "gateway_stream_outcomes_total", tenant=TENANT, outcome="rejected") == 1
+    assert receipt.duration_ms is not None and receipt.duration_ms >= 0
+
+
+async def test_a_complete_stream_is_accounted_for_whole() -> None:
+    call = make_call()
+    call.reservation = cast(Hold, object())
+    permit = _Permit()
+    call.permit = cast(Permit, permit)
+    upstream = await _streamed(call, VALID)
+    settle(call, API)
+    receipt = call.receipt
+    assert (receipt.outcome, receipt.error_code) == ("complete", None)
+    assert receipt.finish_reason == "stop" and receipt.nul_replaced == 0
+    assert receipt.stream_sha256 == hashlib.sha256(VALID).hexdigest()
+    assert receipt.usage is not None
+    assert (receipt.usage.prompt_tokens, receipt.usage.completion_tokens) == (9, 12)
+    assert receipt.usage.source == "reported"
+    assert receipt.ttft_ms is not None and receipt.ttft_ms >= 0
+    assert permit.released == 1
+    assert _rt(call).ratelimit.settled == [(call.reservation, 21)]
+    assert upstream.close_calls == 0 and not call.facts.upstream_closed
+    tokens = {"tenant": TENANT, "source": "reported"}
+    assert _sample(call, "gateway_tokens_total", kind="prompt", **tokens) == 9
+    assert _sample(call, "gateway_tokens_total", kind="completion", **tokens) == 12
+    assert _sample(call, "gateway_ttft_seconds_count") == 1
+
+
+async def test_a_length_finish_is_the_dialects_outcome() -> None:
+    raw = event(chunk("a")) + event(
+        chunk("", "length", {"completion_tokens": 1, "prompt_tokens": 2, "total_tokens": 3})
+    )
+    call = make_call()
+    await _streamed(call, raw + b"data: [DONE]\n\n")
+    settle(call, API)
+    assert (call.receipt.outcome, call.receipt.finish_reason) == ("length", "length")
+
+
+async def test_a_stream_cut_short_is_incomplete_with_estimated_usage() -> None:
+    call = make_call()
+    call.plan = chat_plan(prompt_bytes=40)
+    await _streamed(call, event(chunk("abcdefgh")) + event(chunk("ij")))
+    settle(call, API)
+    receipt = call.receipt
+    assert (receipt.outcome, receipt.error_code) == ("incomplete", "upstream_unavailable")
+    assert receipt.usage == Usage(10, 3, 13, "estimated")
+    assert receipt.finish_reason is None
+    assert _rt(call).receipts.written == [receipt]
+
+
+async def test_a_caller_gone_mid_stream_is_canceled_and_the_worker_closed() -> None:
+    call = make_call()
+    call.exchange.disconnected = True
+    # The worker is still sending when the request ends.
+    upstream = await _streamed(call, event(chunk("a")), end=False)
+    settle(call, API)
+    assert upstream.close_calls == 1
+    assert call.receipt.outcome == "canceled"
+    assert call.receipt.cancellation == ["caller_disconnected", "upstream_closed"]
+    assert call.facts.disconnected and call.facts.upstream_closed
+
+
+async def test_a_stalled_caller_is_canceled_as_stalled() -> None:
+    call = make_call()
+    call.exchange.stall()
+    settle(call, API)
+    assert call.receipt.outcome == "canceled"
+    assert call.receipt.cancellation == ["caller_stalled"]
+
+
+async def test_a_shutdown_before_the_end_is_upstream_unavailable() -> None:
+    call = make_call()
+    call.exchange.shutdown = True
+    settle(call, API)
+    assert (call.receipt.outcome, call.receipt.error_code) == ("incomplete", "upstream_unavailable")
+    assert call.info.error_code == "upstream_unavailable"
+
+
+async def test_a_finished_stream_is_not_blamed_on_a_later_shutdown() -> None:
+    call = make_call()
+    await _streamed(call, VALID)
+    call.exchange.shutdown = True
+    settle(call, API)
+    assert call.receipt.outcome == "complete" and call.info.error_code is None
+
+
+@pytest.mark.parametrize("complete", [True, False])
+async def test_the_request_digest_is_recorded_only_for_a_body_sent_whole(complete: bool) -> None:
+    call = make_call()
+    producer = _Producer(complete=complete)
+    call.producer = cast(BodyProducer, producer)
+    settle(call, API)
+    assert producer.closed == 1
+    if complete:
+        assert call.receipt.request_sha256 == hashlib.sha256(b'{"model":"x"}').hexdigest()
+        assert call.receipt.request_bytes == len(b'{"model":"x"}')
+    else:
+        assert call.receipt.request_sha256 is None and call.receipt.request_bytes is None
+
+
+async def test_artifacts_reach_the_receipt() -> None:
+    call = make_call()
+    plan = call.plan = chat_plan()
+    png = record("ev_png")
+    plan.media = [MediaRef(0, 0, "image", "evidence", "ev_png")]
+    call.records = {0: png}
+    settle(call, API)
+    assert call.receipt.artifacts == [
+        {"evidence_id": "ev_png", "sha256": png.sha256, "media_type": "image/png"}
+    ]
+
+
+async def test_a_reservation_is_settled_with_zero_without_usage() -> None:
+    call = make_call()
+    call.reservation = cast(Hold, "hold")
+    call.fail(GatewayError("upstream_not_ready"))
+    settle(call, API)
+    assert _rt(call).ratelimit.settled == [("hold", 0)]
+
+
+# -- finish: the order of the finally -----------------------------------------
+
+
+async def test_finish_settles_media_then_books_then_gives_back() -> None:
+    media = FakeMedia()
+    call = make_call(media=media)
+    _rt(call).inflight.add(call.exchange)
+    await finish(call, API)
+    assert media.events == ["settle", "close"]
+    assert call.exchange.done.is_set()
+    assert call.exchange not in _rt(call).inflight
+    assert len(_rt(call).receipts.written) == 1
+
+
+async def test_finish_gives_everything_back_even_when_the_books_fail() -> None:
+    media = FakeMedia()
+    call = make_call(media=media)
+    _rt(call).inflight.add(call.exchange)
+
+    def broken(receipt: object) -> None:
+        raise OSError("disk full")
+
+    _rt(call).receipts.write = broken  # type: ignore[method-assign]
+    with pytest.raises(OSError, match="disk full"):
+        await finish(call, API)
+    assert media.events == ["settle", "close"]
+    assert call.exchange.done.is_set() and not _rt(call).inflight
+
+
+# -- note_response and usage_of_call ------------------------------------------
+
+
+class _ReportingDialect:
+    """A dialect whose report is given (the Responses dialect's id and final object)."""
+
+    has_content = True
+    terminal_frame = b"data: [DONE]\n\n"
+    usage_source = "reported"
+
+    def __init__(self, report: Report) -> None:
+        self._report = report
+        # No worker byte was read (stream_sha256 asks).
+        self.source = type("NoBytes", (), {"bytes_received": 0})()
+
+    def on_item(self, item: Any) -> bytes | None:
+        return None
+
+    def error_frame(self, exc: GatewayError) -> bytes:
+        return b""
+
+    def answer(self, usage: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    def report(self) -> Report:
+        return self._report
+
+
+def _noting(report: Report, **body: Any) -> Call:
+    call = make_call()
+    call.plan = chat_plan(**body)
+    call.dialect = cast(Dialect, _ReportingDialect(report))
+    return call
+
+
+def test_note_response_records_the_id_with_its_final_object() -> None:
+    final = {"id": RESPONSE_ID, "status": "completed"}
+    call = _noting(Report(response_id=RESPONSE_ID, final=final))
+    note_response(call)
+    assert _rt(call).responses.noted == [(TENANT, RESPONSE_ID, ALIAS, orjson.dumps(final))]
+    assert call.relayed_response == RESPONSE_ID
+
+
+@pytest.mark.parametrize(
+    ("report", "body"),
+    [
+        (Report(response_id=RESPONSE_ID, final={"id": RESPONSE_ID}), {"store": False}),
+        (Report(response_id=RESPONSE_ID, final=None), {}),
+    ],
+    ids=["store-false", "no-final"],
+)
+def test_note_response_keeps_no_body_when_none_may_be_kept(
+    report: Report, body: dict[str, Any]
+) -> None:
+    call = _noting(report, **body)
+    note_response(call)
+    assert _rt(call).responses.noted == [(TENANT, RESPONSE_ID, ALIAS, None)]
+
+
+def test_note_response_notes_once() -> None:
+    call = _noting(Report(response_id=RESPONSE_ID))
+    note_response(call)
+    note_response(call)
+    assert len(_rt(call).responses.noted) == 1
+
+
+def test_note_response_without_an_id_or_a_dialect_notes_nothing() -> None:
+    without_id = _noting(Report())
+    note_response(without_id)
+    assert without_id.relayed_response is None
+    bare = make_call()
+    note_response(bare)
+    assert _rt(without_id).responses.noted == [] and _rt(bare).responses.noted == []
+
+
+async def test_settle_notes_the_id_of_a_stream_the_caller_saw_begin() -> None:
+    call = _noting(Report(response_id=RESPONSE_ID))
+    assert call.dialect is not None
+    relay = call.relay = Relay(call.dialect, timeouts=Timeouts(1, 1, 1), response_headers=[])
+    relay.state.headers_sent = True
+    call.fail(GatewayError("upstream_timeout"))
+    settle(call, API)
+    assert _rt(call).responses.noted == [(TENANT, RESPONSE_ID, ALIAS, None)]
+
+
+async def test_settle_does_not_note_an_id_the_caller_never_saw() -> None:
+    call = _noting(Report(response_id=RESPONSE_ID))
+    assert call.dialect is not None
+    call.relay = Relay(call.dialect, timeouts=Timeouts(1, 1, 1), response_headers=[])
+    call.fail(GatewayError("upstream_error"))
+    settle(call, API)
+    assert _rt(call).responses.noted == []
+
+
+def test_usage_of_call_takes_the_workers_counts() -> None:
+    reported = {"prompt_tokens": 4, "completion_tokens": 6, "total_tokens": 10, "extra": 1.5}
+    call = _noting(Report(usage=reported, counts=(4, 6, 10), output_estimate=99))
+    assert usage_of_call(call) == Usage(4, 6, 10, "reported", reported)
+
+
+def test_usage_of_call_estimates_without_counts() -> None:
+    call = _noting(Report(output_estimate=7), prompt_bytes=0)
+    call.plan = chat_plan(prompt_bytes=9)
+    # Prompt: 9 bytes / 4, rounded up; completion: the dialect's estimate.
+    assert usage_of_call(call) == Usage(3, 7, 10, "estimated")
+
+
+async def test_a_collected_answer_settles_with_the_usage_it_was_sent_with() -> None:
+    call = make_call(send=Caller().send)
+    call.plan = chat_plan(stream=False)
+    dialect = call.dialect = API.dialect(call.plan, StreamBounds(), collect=True)
+    relay = call.relay = Relay(dialect, timeouts=Timeouts(5, 5, 5), response_headers=[])
+    await relay.collect(FakeUpstream([VALID]).opener())
+    call.usage = Usage(1, 2, 3, "estimated")  # what the reply carried
+    await relay.reply(call.send, {}, {})
+    settle(call, API)
+    assert call.receipt.usage is call.usage
+    assert call.receipt.outcome == "complete"

@@ -1,0 +1,301 @@
+"""The request's steps after planning (``steps.resolve`` and ``steps.run``) with
+a real route table, admission pools and in-memory limits; the worker is a fake
+client that reads the forwarded body and answers with a fake stream."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, cast
+
+import orjson
+import pytest
+
+from gateway.admission import AdmissionGroup
+from gateway.apis.base import MediaRef, Plan
+from gateway.apis.chat import ChatApi
+from gateway.config import GatewayConfig
+from gateway.core.body import placeholder
+from gateway.core.errors import GatewayError
+from gateway.pipeline import steps
+from gateway.pipeline.call import Call
+from gateway.pipeline.settle import settle
+from gateway.ratelimit.memory import MemoryLimitsStore
+from gateway.upstream.client import Upstream, UpstreamStream
+from gateway.upstream.table import RouteTable, capacities
+from tests.pipeline.support import (
+    ALIAS,
+    NONCE,
+    ROUTE,
+    Caller,
+    FakeMedia,
+    FakeRuntime,
+    FakeUpstream,
+    chat_plan,
+    make_call,
+    record,
+    sse_fixture,
+)
+
+API = ChatApi()
+VALID = sse_fixture("chat_valid.sse")
+PREFIX = "file:///srv/evidence"
+
+
+class _Readiness:
+    def __init__(self, ready: bool = True) -> None:
+        self.is_ready = ready
+        self.asked: list[str] = []
+
+    def ready(self, route: str) -> bool:
+        self.asked.append(route)
+        return self.is_ready
+
+
+class _Worker:
+    """The worker's client: reads the body it is sent, answers with ``upstream``."""
+
+    def __init__(self, upstream: FakeUpstream) -> None:
+        self.upstream = upstream
+        self.calls: list[dict[str, Any]] = []
+        self.body = b""
+
+    async def open_stream(
+        self,
+        path: str,
+        body: AsyncIterator[bytes],
+        request_id: str,
+        *,
+        size: int | None = None,
+        accept: str = "sse",
+        traceparent: bytes | None = None,
+    ) -> UpstreamStream:
+        self.body = b"".join([piece async for piece in body])
+        self.calls.append({"path": path, "request_id": request_id, "size": size, "accept": accept})
+        return cast(UpstreamStream, self.upstream)
+
+
+def _config(**upstream: Any) -> GatewayConfig:
+    return GatewayConfig.model_validate(
+        {
+            "upstream": {"base_url": "http://127.0.0.1:1234", "route": ROUTE, **upstream},
+            "staging": {"worker_media": "file_url", "worker_url_prefix": PREFIX},
+        }
+    )
+
+
+class _Rig:
+    def __init__(self, table: RouteTable, rt: FakeRuntime, readiness: _Readiness) -> None:
+        self.table, self.rt, self.readiness = table, rt, readiness
+        self.worker = table.workers["default"]
+
+    def call(self, plan: Plan, media: FakeMedia | None = None) -> tuple[Call, Caller]:
+        caller = Caller()
+        call = make_call(self.rt, media=media, send=caller.send)
+        call.plan = plan
+        return call, caller
+
+    def answer(self, raw: bytes) -> _Worker:
+        fake = _Worker(FakeUpstream([raw]))
+        self.worker.client = cast(Upstream, fake)
+        return fake
+
+
+@asynccontextmanager
+async def _rig(config: GatewayConfig) -> AsyncIterator[_Rig]:
+    admissions = AdmissionGroup(capacities(config), config.admission.max_queue)
+    table = RouteTable.build(config, admissions)
+    client = table.workers["default"].client
+    readiness = _Readiness()
+    rt = FakeRuntime(
+        table=table,
+        readiness=readiness,
+        config=config,
+        ratelimit=MemoryLimitsStore(),
+        evidence=type("Evidence", (), {"store": None})(),
+    )
+    try:
+        yield _Rig(table, rt, readiness)
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[_Rig]:
+    async with _rig(_config()) as built:
+        yield built
+
+
+async def _run(call: Call) -> None:
+    assert call.plan is not None
+    steps.resolve(call, call.plan)
+    async with asyncio.timeout(5):
+        await steps.run(call, API, call.plan)
+
+
+# -- resolve -----------------------------------------------------------------------
+
+
+async def test_resolve_fills_the_receipt_and_holds_the_worker(rig: _Rig) -> None:
+    plan = chat_plan(max_tokens=33)
+    plan.dropped_parts = [2]
+    call, _ = rig.call(plan)
+    steps.resolve(call, plan)
+    assert call.resolved is not None and call.worker is rig.worker
+    receipt = call.receipt
+    assert (receipt.model_alias, receipt.route, receipt.upstream) == (ALIAS, ROUTE, "default")
+    assert receipt.serve_identity is None
+    assert (receipt.max_tokens, receipt.stream, receipt.dropped_parts) == (33, True, [2])
+    assert rig.readiness.asked == [ROUTE]
+
+
+async def test_resolve_copies_the_dropped_parts(rig: _Rig) -> None:
+    plan = chat_plan()
+    plan.dropped_parts = [1]
+    call, _ = rig.call(plan)
+    steps.resolve(call, plan)
+    plan.dropped_parts.append(5)
+    assert call.receipt.dropped_parts == [1]
+
+
+async def test_a_route_not_ready_is_refused_after_the_receipt_is_filled(rig: _Rig) -> None:
+    rig.readiness.is_ready = False
+    call, _ = rig.call(chat_plan(stream=False))
+    assert call.plan is not None
+    with pytest.raises(GatewayError) as caught:
+        steps.resolve(call, call.plan)
+    assert (caught.value.code, caught.value.status) == ("upstream_not_ready", 503)
+    # The receipt still says where the request would have gone.
+    assert (call.receipt.route, call.receipt.upstream, call.receipt.stream) == (
+        ROUTE,
+        "default",
+        False,
+    )
+    assert call.resolved is not None and call.resolved.ready is False
+
+
+# -- run: from the records to the worker's answer -------------------------------
+
+
+async def test_a_streamed_request_reaches_the_worker_and_the_caller(rig: _Rig) -> None:
+    worker = rig.answer(VALID)
+    call, caller = rig.call(chat_plan(max_tokens=40, stop=["\n"]))
+    await _run(call)
+    (sent,) = worker.calls
+    assert sent == {
+        "path": "/v1/chat/completions",
+        "request_id": "req-1",
+        "size": len(worker.body),
+        "accept": "sse",
+    }
+    forwarded = orjson.loads(worker.body)
+    assert forwarded["model"] == ROUTE and forwarded["stream"] is True
+    assert forwarded["stream_options"] == {"include_usage": True}
+    assert forwarded["max_tokens"] == 40 and forwarded["stop"] == ["\n"]
+    start = caller.starts[0]
+    headers = dict(start["headers"])
+    assert headers[b"content-type"].startswith(b"text/event-stream")
+    assert headers[b"x-usage-source"] == b"reported"
+    assert caller.bodies[-1] == b"data: [DONE]\n\n"
+    assert call.relay is not None and call.relay.state.completed
+    assert call.producer is not None and call.producer.complete
+
+
+async def test_run_holds_a_permit_and_a_reservation_until_settled(rig: _Rig) -> None:
+    rig.answer(VALID)
+    call, _ = rig.call(chat_plan())
+    await _run(call)
+    admission = rig.worker.admission
+    assert call.permit is not None and call.reservation is not None
+    assert call.receipt.queue_ms is not None and call.receipt.queue_ms >= 0
+    assert admission.in_use == call.permit.weight >= 1
+    assert not call.reservation.settled
+    settle(call, API)
+    assert call.permit.released and admission.in_use == 0
+    assert call.reservation.settled
+    assert call.receipt.outcome == "complete"
+
+
+async def test_a_non_streaming_request_gets_one_answer(rig: _Rig) -> None:
+    rig.answer(VALID)
+    call, caller = rig.call(chat_plan(stream=False))
+    await _run(call)
+    assert call.usage is not None and call.usage.source == "reported"
+    start, body = caller.messages
+    assert dict(start["headers"])[b"x-usage-source"] == b"reported"
+    answer = orjson.loads(body["body"])
+    assert answer["model"] == ALIAS and answer["usage"]["total_tokens"] == 21
+    assert call.relay is not None and call.relay.state.completed
+
+
+async def test_a_body_over_the_workers_limit_is_refused_before_any_hold() -> None:
+    async with _rig(_config(max_request_bytes=64)) as rig:
+        worker = rig.answer(VALID)
+        call, caller = rig.call(chat_plan(messages=[{"role": "user", "content": "x" * 100}]))
+        with pytest.raises(GatewayError, match="media_limit_exceeded"):
+            await _run(call)
+        assert call.reservation is None and call.permit is None
+        assert worker.calls == [] and caller.messages == []
+
+
+async def test_a_previous_response_of_another_tenant_is_not_found(rig: _Rig) -> None:
+    worker = rig.answer(VALID)
+    plan = chat_plan()
+    plan.previous_response_id = "resp_theirs"
+    call, _ = rig.call(plan)
+    with pytest.raises(GatewayError) as caught:
+        await _run(call)
+    assert (caught.value.code, caught.value.param) == (
+        "response_not_found",
+        "previous_response_id",
+    )
+    assert worker.calls == [] and call.reservation is None
+
+
+async def test_a_previous_response_of_the_tenant_is_forwarded(rig: _Rig) -> None:
+    rig.rt.responses.owned[("acme", "resp_ours")] = ALIAS
+    worker = rig.answer(VALID)
+    plan = chat_plan()
+    plan.previous_response_id = "resp_ours"
+    call, _ = rig.call(plan)
+    await _run(call)
+    assert len(worker.calls) == 1
+
+
+async def test_evidence_is_leased_before_and_inline_data_staged_after_the_permit(
+    rig: _Rig,
+) -> None:
+    png, staged = record("ev_png"), record("ev_inline", size=3)
+    media = FakeMedia([png], staged={1: staged})
+    plan = chat_plan()
+    plan.media = [
+        MediaRef(0, 0, "image", "evidence", "ev_png"),
+        MediaRef(1, 1, "image", "data", data_url="data:image/png;base64,YWJj", inline_bytes=3),
+    ]
+    plan.body["messages"][0]["content"] = [
+        {"type": "image_url", "image_url": {"url": placeholder(NONCE, 0)}},
+        {"type": "image_url", "image_url": {"url": placeholder(NONCE, 1)}},
+    ]
+    worker = rig.answer(VALID)
+    call, _ = rig.call(plan, media)
+    await _run(call)
+    assert media.events == [
+        ("lease", ["ev_png"]),
+        ("stage", [(1, "image/png", "YWJj", "image")]),
+    ]
+    parts = orjson.loads(worker.body)["messages"][0]["content"]
+    assert [p["image_url"]["url"] for p in parts] == [
+        f"{PREFIX}/{png.sha256}.png",
+        f"{PREFIX}/{staged.sha256}.png",
+    ]
+    assert call.records == {0: png, 1: staged}
+
+
+async def test_a_worker_failure_after_headers_leaves_the_hold_for_settle(rig: _Rig) -> None:
+    rig.answer(sse_fixture("bad_missing_done.sse"))
+    call, caller = rig.call(chat_plan())
+    with pytest.raises(GatewayError, match="upstream_unavailable"):
+        await _run(call)
+    assert call.permit is not None and call.relay is not None
+    assert b"data: [DONE]" not in caller.body

@@ -1,0 +1,205 @@
+"""The route table: which worker serves a route, resolved once per request
+(spec §16), and each worker's admission capacity. No worker is contacted."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+from gateway.admission import AdmissionGroup
+from gateway.config import GatewayConfig
+from gateway.upstream.client import Upstream
+from gateway.upstream.launch import serve_identity
+from gateway.upstream.table import RouteTable, capacities
+
+CHAT_A, CHAT_B, EMBED = "/srv/models/chat-a", "/srv/models/chat-b", "/srv/models/embed"
+BUNDLE = "ab" * 32
+LAUNCH: dict[str, Any] = {
+    "version": "0.9.2",
+    "binary_sha256": "12" * 32,
+    "model_public_id": "google/gemma-3-4b-it",
+    "model_revision": "0123456789abcdef0123456789abcdef01234567",
+    "model_bundle_sha256": BUNDLE,
+    "model_dir": f"/srv/mosaic-models/{BUNDLE}",
+    "format": "plain",
+    "port": 1234,
+    "max_seqs": 8,
+    "max_seq_len": 4096,
+    "max_batch_size": 1,
+    "paged_attn": "auto",
+    "prefix_cache_n": 16,
+    "max_num_images": 8,
+    "max_edge": 1024,
+    "device": "cpu",
+}
+
+
+def _two_workers(**admission: Any) -> GatewayConfig:
+    return GatewayConfig.model_validate(
+        {
+            "upstreams": [
+                {
+                    "name": "chat",
+                    "base_url": "http://127.0.0.1:1234",
+                    "routes": [CHAT_A, CHAT_B],
+                    "capacity": 3,
+                },
+                {"name": "embed", "base_url": "http://127.0.0.1:1235", "routes": [EMBED]},
+            ],
+            "admission": {"capacity": 5, **admission},
+        }
+    )
+
+
+def _one_worker(**upstream: Any) -> GatewayConfig:
+    return GatewayConfig.model_validate(
+        {"upstream": {"base_url": "http://127.0.0.1:1234", "route": CHAT_A, **upstream}}
+    )
+
+
+@asynccontextmanager
+async def _table(config: GatewayConfig) -> AsyncIterator[RouteTable]:
+    table = RouteTable.build(config, AdmissionGroup(capacities(config), 16))
+    try:
+        yield table
+    finally:
+        await table.aclose()
+
+
+@pytest.fixture
+async def table() -> AsyncIterator[RouteTable]:
+    async with _table(_two_workers()) as built:
+        yield built
+
+
+class _Readiness:
+    """Readiness per route; records which routes were asked about."""
+
+    def __init__(self, *ready: str) -> None:
+        self._ready = set(ready)
+        self.asked: list[str] = []
+
+    def ready(self, route: str) -> bool:
+        self.asked.append(route)
+        return route in self._ready
+
+
+MODELS = {"chat": CHAT_A, "chat-large": CHAT_B, "embed": EMBED}
+
+
+# -- capacities ----------------------------------------------------------------
+
+
+def test_capacities_take_each_workers_own_or_the_default() -> None:
+    assert capacities(_two_workers()) == {"chat": 3, "embed": 5}
+
+
+def test_capacities_of_the_one_worker_form_is_named_default() -> None:
+    assert capacities(_one_worker()) == {"default": 8}
+    assert capacities(_one_worker(capacity=2)) == {"default": 2}
+
+
+# -- building ----------------------------------------------------------------------
+
+
+async def test_build_makes_one_worker_per_upstream(table: RouteTable) -> None:
+    assert sorted(table.workers) == ["chat", "embed"]
+    chat = table.workers["chat"]
+    assert chat.name == "chat" and chat.config.served_routes == [CHAT_A, CHAT_B]
+    assert isinstance(chat.client, Upstream)
+    assert chat.client.config is chat.config
+    # The worker's admission pool is the group's, with its own capacity.
+    assert chat.admission is table.admissions["chat"]
+    assert chat.admission.capacity == 3
+    assert table.workers["embed"].admission.capacity == 5
+
+
+async def test_each_worker_gets_its_own_client(table: RouteTable) -> None:
+    chat, embed = table.workers["chat"], table.workers["embed"]
+    assert chat.client is not embed.client
+    assert (chat.config.port, embed.config.port) == (1234, 1235)
+
+
+async def test_a_worker_without_launch_has_no_serve_identity(table: RouteTable) -> None:
+    assert all(w.serve_identity is None for w in table.workers.values())
+
+
+async def test_a_launched_worker_carries_its_serve_identity() -> None:
+    config = _one_worker(route=LAUNCH["model_dir"], launch=LAUNCH)
+    assert config.upstream is not None and config.upstream.launch is not None
+    async with _table(config) as table:
+        worker = table.workers["default"]
+        assert worker.serve_identity == serve_identity(config.upstream.launch)
+        assert worker.serve_identity is not None and len(worker.serve_identity) == 64
+
+
+async def test_routes_lists_every_served_route_in_config_order(table: RouteTable) -> None:
+    assert table.routes == [CHAT_A, CHAT_B, EMBED]
+    table.routes.append("/elsewhere")  # a copy: the table is not changed
+    assert table.routes == [CHAT_A, CHAT_B, EMBED]
+
+
+async def test_worker_for_maps_each_route_to_its_worker(table: RouteTable) -> None:
+    assert table.worker_for(CHAT_A) is table.workers["chat"]
+    assert table.worker_for(CHAT_B) is table.workers["chat"]
+    assert table.worker_for(EMBED) is table.workers["embed"]
+    with pytest.raises(KeyError):
+        table.worker_for("/not/configured")
+
+
+# -- resolve -----------------------------------------------------------------------
+
+
+async def test_resolve_gives_alias_route_worker_and_readiness(table: RouteTable) -> None:
+    readiness = _Readiness(CHAT_A, EMBED)
+    resolved = table.resolve(MODELS, "chat", readiness)
+    assert resolved is not None
+    assert (resolved.alias, resolved.route) == ("chat", CHAT_A)
+    assert resolved.worker is table.workers["chat"]
+    assert resolved.ready is True
+    assert readiness.asked == [CHAT_A]
+
+
+async def test_resolve_consults_readiness_per_route_not_per_worker(table: RouteTable) -> None:
+    # chat-a is ready, chat-b on the same worker is not: each route answers for itself.
+    readiness = _Readiness(CHAT_A)
+    large = table.resolve(MODELS, "chat-large", readiness)
+    small = table.resolve(MODELS, "chat", readiness)
+    assert large is not None and small is not None
+    assert large.worker is small.worker
+    assert (large.ready, small.ready) == (False, True)
+    assert readiness.asked == [CHAT_B, CHAT_A]
+
+
+async def test_resolve_of_an_alias_the_policy_no_longer_names_is_none(table: RouteTable) -> None:
+    readiness = _Readiness(CHAT_A)
+    assert table.resolve(MODELS, "gone", readiness) is None
+    assert table.resolve({}, "chat", readiness) is None
+    assert readiness.asked == []  # nothing to ask about
+
+
+async def test_resolve_follows_the_policy_it_is_given(table: RouteTable) -> None:
+    # A reload that moves the alias applies to the next resolve, not to a result held.
+    readiness = _Readiness(CHAT_A, EMBED)
+    before = table.resolve({"a": CHAT_A}, "a", readiness)
+    after = table.resolve({"a": EMBED}, "a", readiness)
+    assert before is not None and after is not None
+    assert (before.route, before.worker.name) == (CHAT_A, "chat")
+    assert (after.route, after.worker.name) == (EMBED, "embed")
+
+
+async def test_resolved_is_immutable(table: RouteTable) -> None:
+    resolved = table.resolve(MODELS, "embed", _Readiness())
+    assert resolved is not None and resolved.ready is False
+    with pytest.raises(AttributeError):
+        resolved.ready = True  # type: ignore[misc]
+
+
+async def test_aclose_closes_every_workers_client() -> None:
+    async with _table(_two_workers()) as table:
+        clients = [w.client for w in table.workers.values()]
+        await table.aclose()
+        assert all(c._client.is_closed for c in clients)
