@@ -13,13 +13,17 @@ only) is :data:`None`: the worker cannot confirm anything.
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 
 RUNNING = "mistralrs_sequences_running"
 WAITING = "mistralrs_sequences_waiting"
 COMPLETED = "mistralrs_sequences_completed_total"
 _FAMILIES = (RUNNING, WAITING, COMPLETED)
-_CANCELED = b'reason="canceled"'
+#: the label pair itself, not a substring of another label's name or value
+_CANCELED = re.compile(rb'(?:^|,)\s*reason="canceled"\s*(?:,|$)')
+_NAME_END = re.compile(rb"[{\s]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,11 +48,8 @@ def parse(text: bytes) -> EngineCounts | None:
                 if name in sums:
                     seen.add(name)
             continue
-        name_end = len(line)
-        for stop in (b"{", b" "):
-            at = line.find(stop)
-            if at != -1:
-                name_end = min(name_end, at)
+        found = _NAME_END.search(line)
+        name_end = found.start() if found else len(line)
         name = line[:name_end].decode("latin-1")
         if name not in sums:
             continue
@@ -56,7 +57,7 @@ def parse(text: bytes) -> EngineCounts | None:
         labels = b""
         rest = line[name_end:]
         if rest.startswith(b"{"):
-            close = rest.find(b"}")
+            close = rest.rfind(b"}")  # a "}" may stand inside a quoted label value
             if close == -1:
                 return None
             labels, rest = rest[1:close], rest[close + 1 :]
@@ -67,9 +68,9 @@ def parse(text: bytes) -> EngineCounts | None:
             value = float(fields[0])
         except ValueError:
             return None
-        if value != value or value < 0:  # NaN or negative: not a count
+        if not math.isfinite(value) or value < 0:  # NaN, infinite or negative: not a count
             return None
-        if name == COMPLETED and _CANCELED not in labels:
+        if name == COMPLETED and not _CANCELED.search(labels):
             continue
         sums[name] += value
     if any(f not in seen for f in _FAMILIES):

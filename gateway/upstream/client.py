@@ -48,7 +48,11 @@ class _BadBody(Exception):
 
 
 class MetricsUnreadable(Exception):
-    """The worker's metrics could not be read whole in time (slow, huge, unreachable)."""
+    """The worker's metrics could not be read whole in time (slow, huge, cut)."""
+
+
+class WorkerGone(MetricsUnreadable):
+    """Nothing listens at the worker's address: its process, and what it ran, is gone."""
 
 
 class ListingError(Exception):
@@ -267,6 +271,8 @@ class Upstream:
         read whole within ``timeout_s`` and ``limit`` bytes."""
         try:
             return await self._small_json("GET", path, None, timeout_s, limit, accept="text/plain")
+        except httpx.ConnectError as exc:
+            raise WorkerGone from exc
         except (httpx.HTTPError, TimeoutError, _BadBody) as exc:
             raise MetricsUnreadable from exc
 

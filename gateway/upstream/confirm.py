@@ -20,7 +20,9 @@ Theory of operation, one :class:`CancelConfirmer` per worker:
   nothing; a hold lasts at most ``timeout_s`` (``confirm_timeout``, counted).
 - A worker without those metrics (404, 503, ``http_*`` only) cannot confirm:
   its held requests go at once (``unconfirmable``), logged once per worker
-  until its metrics appear.
+  until its metrics appear. Nor can a worker whose address refuses the
+  connection: its process is gone and with it what it ran (``unconfirmable``
+  too; readiness reports the outage).
 - Every release runs exactly once, whatever ends the hold (:meth:`release_all`
   at shutdown).
 """
@@ -37,7 +39,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gateway.core.engine_metrics import EngineCounts, parse
-from gateway.upstream.client import MetricsUnreadable
+from gateway.upstream.client import MetricsUnreadable, WorkerGone
 
 log = logging.getLogger("gateway.cancel")
 
@@ -101,12 +103,13 @@ class CancelConfirmer:
         """Give back everything held now (shutdown)."""
         while self._held:
             self._end(self._held.popleft(), state)
-        if self._task is not None:
-            self._task.cancel()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
 
     async def aclose(self) -> None:
+        task = self._task
         self.release_all()
-        task, self._task = self._task, None
         if task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -119,12 +122,18 @@ class CancelConfirmer:
                     break
                 await asyncio.sleep(POLL_S)
         finally:
-            self._task = None
+            # Only this poll's own slot: release_all may have handed it to a new one.
+            if self._task is asyncio.current_task():
+                self._task = None
 
     async def _poll(self) -> None:
         self.polls += 1
         try:
             status, body = await self._fetch()
+        except WorkerGone:
+            while self._held:
+                self._end(self._held.popleft(), "unconfirmable")
+            return
         except MetricsUnreadable:
             self._expire()
             return
@@ -143,7 +152,7 @@ class CancelConfirmer:
 
     def _confirm(self, counts: EngineCounts) -> None:
         if self._last is not None and counts.canceled > self._last:
-            rises = int(counts.canceled - self._last)
+            rises = int(min(counts.canceled - self._last, len(self._held)))
             for held in [h for h in self._held if h.baseline is not None][:rises]:
                 self._held.remove(held)
                 self._end(held, "worker_confirmed")
