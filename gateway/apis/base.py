@@ -38,6 +38,8 @@ class PlanContext:
 
     tenant: Tenant
     nonce: str
+    #: the request's header fields (lower-case names), for descriptors that read them
+    headers: tuple[tuple[bytes, bytes], ...] = ()
 
     @property
     def aliases(self) -> Mapping[str, str]:
@@ -75,6 +77,8 @@ class Plan:
     #: endpoint-specific facts the pipeline hands back to the descriptor (e.g.
     #: a Responses ``previous_response_id`` to check against the catalog)
     previous_response_id: str | None = None
+    #: whether the request spends tokens (reserved and settled); a token count does not
+    bills_tokens: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,8 +188,15 @@ class Dialect(Protocol):
 class Api(Protocol):
     """An endpoint descriptor; see the module docstring."""
 
+    #: the receipt's and the metrics' endpoint name
     name: str
+    #: the endpoint name policies allow (``name`` unless several paths share one)
+    policy_endpoint: str
     path: str
+    #: where the worker is asked (``path`` unless the gateway translates the dialect)
+    upstream_path: str
+    #: the shape of error bodies on this path: ``openai`` | ``anthropic``
+    error_shape: Literal["openai", "anthropic"]
     scope: str
     #: the OpenTelemetry GenAI ``gen_ai.operation.name`` of a call to it
     operation: str

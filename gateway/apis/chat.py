@@ -184,6 +184,9 @@ BODY = obj(
 class ChatApi:
     name = "chat.completions"
     path = "/v1/chat/completions"
+    upstream_path = path
+    policy_endpoint = name
+    error_shape: Literal["openai", "anthropic"] = "openai"
     scope = "inference"
     operation = "chat"
     exchange: Literal["sse", "json"] = "sse"

@@ -46,6 +46,9 @@ BODY = obj(
 class CompletionsApi:
     name = "completions"
     path = "/v1/completions"
+    upstream_path = path
+    policy_endpoint = name
+    error_shape: Literal["openai", "anthropic"] = "openai"
     scope = "inference"
     operation = "text_completion"
     exchange: Literal["sse", "json"] = "sse"

@@ -101,6 +101,9 @@ def inputs_of(value: Any) -> list[Any]:
 class EmbeddingsApi:
     name = "embeddings"
     path = "/v1/embeddings"
+    upstream_path = path
+    policy_endpoint = name
+    error_shape: Literal["openai", "anthropic"] = "openai"
     scope = "inference"
     operation = "embeddings"
     exchange: Literal["sse", "json"] = "json"

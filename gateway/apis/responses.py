@@ -283,6 +283,9 @@ _OUTPUT_NAMES = ("max_output_tokens", "max_tokens", "max_completion_tokens")
 class ResponsesApi:
     name = "responses"
     path = "/v1/responses"
+    upstream_path = path
+    policy_endpoint = name
+    error_shape: Literal["openai", "anthropic"] = "openai"
     scope = "inference"
     operation = "chat"
     exchange: Literal["sse", "json"] = "sse"

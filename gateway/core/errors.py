@@ -101,6 +101,21 @@ _DEFAULT_MESSAGES: dict[str, str] = {
 }
 
 
+#: HTTP status -> Anthropic error type (spec §19); other 4xx are invalid requests
+_ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+}
+
+
+def anthropic_type(status: int) -> str:
+    if status >= 500:
+        return "api_error"
+    return _ANTHROPIC_TYPES.get(status, "invalid_request_error")
+
+
 class GatewayError(Exception):
     """A refusal with a contract code; see the module docstring."""
 
@@ -139,6 +154,19 @@ class GatewayError(Exception):
                 "code": self.code,
                 "param": self.param,
             }
+        }
+
+    def anthropic_body(self) -> dict[str, Any]:
+        """The Anthropic-shaped body (spec §19): the same code and status, the
+        Anthropic SDKs' error type for the status."""
+        return {
+            "type": "error",
+            "error": {
+                "type": anthropic_type(self.status),
+                "message": self.message,
+                "code": self.code,
+                "param": self.param,
+            },
         }
 
     def response_headers(self) -> dict[str, str]:

@@ -216,10 +216,19 @@ def _log_unexpected(exc: Exception) -> None:
     logging.getLogger("gateway").error("unhandled error: %s", type(exc).__name__)
 
 
+#: paths whose errors are Anthropic-shaped (spec §19), whatever route answers
+ANTHROPIC_PREFIX = "/v1/messages"
+
+
 async def _http_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = "method_not_allowed" if exc.status_code == 405 else "not_found"
-    return _error_response(GatewayError(code))
+    error = GatewayError(code)
+    if request.url.path.startswith(ANTHROPIC_PREFIX):
+        return JSONResponse(
+            error.anthropic_body(), status_code=error.status, headers=error.response_headers()
+        )
+    return _error_response(error)
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:

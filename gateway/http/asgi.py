@@ -55,7 +55,19 @@ def runtime_of(scope: Scope) -> Runtime:
 
 
 def authorization_values(scope: Scope) -> list[str]:
-    return [v.decode("latin-1") for v in header(scope, b"authorization")]
+    """The request's credential as ``Authorization`` values: an ``x-api-key``
+    (Anthropic SDKs, spec §19) is the same credential as a bearer one."""
+    values = [v.decode("latin-1") for v in header(scope, b"authorization")]
+    keys = header(scope, b"x-api-key")
+    if not keys:
+        return values
+    if len(keys) != 1 or not keys[0].strip():
+        raise GatewayError("missing_credentials")
+    key = keys[0].decode("latin-1").strip()
+    if values and (len(values) != 1 or values[0].split(maxsplit=1)[-1].strip() != key):
+        # Two different credentials: neither is trusted.
+        raise GatewayError("invalid_token")
+    return [f"Bearer {key}"]
 
 
 async def tenant_for(scope: Scope, rt: Runtime, endpoint: str) -> Tenant:
@@ -68,10 +80,14 @@ async def tenant_for(scope: Scope, rt: Runtime, endpoint: str) -> Tenant:
     return tenant
 
 
-async def send_error(send: Send, exc: GatewayError, info: RequestInfo) -> None:
+async def send_error(
+    send: Send, exc: GatewayError, info: RequestInfo, shape: str = "openai"
+) -> None:
+    """The error as one JSON reply, in the path's shape (spec §6, §19)."""
     info.error_code = exc.code
     info.auth_failure = failure_reason(exc)
-    await send_json(send, exc.status, exc.body(), exc.response_headers())
+    body = exc.anthropic_body() if shape == "anthropic" else exc.body()
+    await send_json(send, exc.status, body, exc.response_headers())
 
 
 __all__ = [

@@ -52,7 +52,7 @@ class InferenceEndpoint:
         try:
             principal = await rt.auth.authenticate(authorization_values(scope), policies)
         except GatewayError as exc:
-            await send_error(send, exc, info)
+            await send_error(send, exc, info, self.api.error_shape)
             return
         timings = Timings(info.started, auth=now() - began)
         tenant = policies.tenants[principal.tenant]
@@ -72,7 +72,7 @@ class InferenceEndpoint:
         try:
             ended = await exchange.run(lambda: self._serve(call, scope, receive, principal))
             if not ended and exchange.shutdown and not exchange.disconnected:
-                await _end_for_shutdown(call)
+                await _end_for_shutdown(call, self.api.error_shape)
         except Exception:
             # A bug: the app answers 500; the receipt says what is known.
             call.facts.internal = True
@@ -86,14 +86,14 @@ class InferenceEndpoint:
         rt, tenant, info = call.rt, call.tenant, call.info
         began = now()
         try:
-            authorize(principal, tenant, self.api.name, self.api.scope)
+            authorize(principal, tenant, self.api.policy_endpoint, self.api.scope)
             rt.check_serving()
             body = await read_body(
                 scope, receive, tenant.limits.max_body_bytes, rt.config.listen.body_timeout_s
             )
             plan = self.api.plan(
                 parse_json(body, tenant.limits.max_json_depth),
-                PlanContext(tenant, os.urandom(8).hex()),
+                PlanContext(tenant, os.urandom(8).hex(), tuple(scope["headers"])),
             )
             call.plan = plan
             steps.resolve(call, plan)
@@ -102,7 +102,7 @@ class InferenceEndpoint:
             return
         except GatewayError as exc:
             call.fail(exc)
-            await send_error(call.send, exc, info)
+            await send_error(call.send, exc, info, self.api.error_shape)
             return
         finally:
             call.timings.plan = now() - began
@@ -114,14 +114,14 @@ class InferenceEndpoint:
             call.fail(exc)
             relay = call.relay
             if relay is None or not relay.state.headers_sent:
-                await send_error(call.send, exc, info)
+                await send_error(call.send, exc, info, self.api.error_shape)
         except CallerStalled:
             call.exchange.stall()
         finally:
             watcher.cancel()
 
 
-async def _end_for_shutdown(call: Call) -> None:
+async def _end_for_shutdown(call: Call, shape: str) -> None:
     """Past the drain grace: end the request with upstream_unavailable (spec §11)."""
     exc = GatewayError("upstream_unavailable")
     call.info.error_code = exc.code
@@ -134,6 +134,6 @@ async def _end_for_shutdown(call: Call) -> None:
     try:
         # A caller that stopped reading must not hold the drain.
         async with asyncio.timeout(LAST_WORDS_S):
-            await send_error(call.send, exc, call.info)
+            await send_error(call.send, exc, call.info, shape)
     except TimeoutError:
         call.exchange.drop_connection()

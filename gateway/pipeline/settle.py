@@ -73,7 +73,8 @@ def settle(call: Call, api: Api) -> None:
     receipt.outcome, receipt.error_code = decision.outcome, decision.error_code
     receipt.cancellation = list(decision.cancellation)
     if call.reservation is not None:
-        used = receipt.usage.total_tokens if receipt.usage is not None else 0
+        billed = receipt.usage is not None and (call.plan is None or call.plan.bills_tokens)
+        used = receipt.usage.total_tokens if billed and receipt.usage is not None else 0
         rt.ratelimit.settle(call.reservation, used)
     ended = time.monotonic()
     receipt.duration_ms = round((ended - info.started) * 1000, 3)

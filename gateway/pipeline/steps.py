@@ -70,7 +70,9 @@ async def run(call: Call, api: Api, plan: Plan) -> None:
                 limits.tokens_per_day,
                 limits.max_concurrent_requests,
             ),
-            (plan.max_tokens or 0) + estimate_prompt_tokens(plan.prompt_bytes),
+            (plan.max_tokens or 0) + estimate_prompt_tokens(plan.prompt_bytes)
+            if plan.bills_tokens
+            else 0,
             # The slot must outlast the admission wait as well as the worker call.
             wait_s=tenant.policy.admission.queue_timeout_s,
         )

@@ -52,13 +52,13 @@ async def call_worker(
     traceparent = None
     if info.span is not NO_SPAN:
         span = call.worker_span = info.span.child(
-            f"POST {api.path}",
+            f"POST {api.upstream_path}",
             kind="client",
             attributes={
                 "http.request.method": "POST",
                 "server.address": upstream_cfg.host,
                 "server.port": upstream_cfg.port,
-                "url.path": api.path,
+                "url.path": api.upstream_path,
                 NS + "upstream": worker.name,
             },
         )
@@ -71,7 +71,7 @@ async def call_worker(
         worker.live += 1
         call.live = True
         stream = await worker.client.open_stream(
-            api.path,
+            api.upstream_path,
             producer.pieces(),
             info.request_id,
             size=body.size,

@@ -53,11 +53,13 @@ def test_sdk_chat_and_completions_stream_and_not(stack: Stack, credential: str) 
 
 
 def test_worker_gets_exact_route_and_no_credentials(stack: Stack) -> None:
-    with stack.client() as client:
+    token = stack.rs256()
+    with stack.client(token) as client:
+        # The same credential as x-api-key too (spec §19): neither reaches the worker.
         response = client.post(
             "/v1/chat/completions",
             json=chat_body(),
-            headers={"x-request-id": "trace-42", "cookie": "session=x", "x-api-key": "leak"},
+            headers={"x-request-id": "trace-42", "cookie": "session=x", "x-api-key": token},
         )
     assert response.status_code == 200
     assert response.headers["x-request-id"] == "trace-42"
