@@ -11,8 +11,16 @@ from gateway.apis.base import Api
 from gateway.apis.chat import ChatApi
 from gateway.apis.completions import CompletionsApi
 from gateway.apis.embeddings import EmbeddingsApi
+from gateway.apis.messages import CountTokensApi, MessagesApi
 from gateway.apis.responses import ResponsesApi
 
-APIS: tuple[Api, ...] = (ChatApi(), CompletionsApi(), ResponsesApi(), EmbeddingsApi())
+APIS: tuple[Api, ...] = (
+    ChatApi(),
+    CompletionsApi(),
+    ResponsesApi(),
+    EmbeddingsApi(),
+    MessagesApi(),
+    CountTokensApi(),
+)
 
 __all__ = ["APIS", "Api"]

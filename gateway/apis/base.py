@@ -164,9 +164,14 @@ class Dialect(Protocol):
     or nothing to show). ``has_content`` turns true with the first content
     (time to first token)."""
 
-    has_content: bool
-    #: what ends a valid stream for the caller (``data: [DONE]``); unused for JSON
-    terminal_frame: bytes
+    @property
+    def has_content(self) -> bool: ...
+
+    @property
+    def terminal_frame(self) -> bytes:
+        """What ends a valid stream for the caller (``data: [DONE]``); unused for JSON."""
+        ...
+
     #: where a stream's usage will come from (the ``x-usage-source`` header,
     #: sent before the usage is known): ``reported`` or ``estimated``
     usage_source: str

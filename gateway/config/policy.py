@@ -16,7 +16,7 @@ from pydantic import Field, field_validator
 from gateway.config import GatewayConfig, Hex64, LimitsConfig, Model, PositiveFloat, PositiveInt
 
 Endpoint = Literal[
-    "chat.completions", "completions", "responses", "embeddings", "models", "evidence"
+    "chat.completions", "completions", "responses", "embeddings", "messages", "models", "evidence"
 ]
 Modality = Literal["text", "image", "audio", "video"]
 MEDIA_MODALITIES: tuple[Modality, ...] = ("image", "audio", "video")

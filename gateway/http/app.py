@@ -217,7 +217,7 @@ def _log_unexpected(exc: Exception) -> None:
 
 
 #: paths whose errors are Anthropic-shaped (spec §19), whatever route answers
-ANTHROPIC_PREFIX = "/v1/messages"
+ANTHROPIC_PREFIX = ("/v1/messages", "/v1/v1/messages")
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
@@ -257,6 +257,11 @@ def create_app(loaded: Loaded, tracing: Tracing | None = None) -> GatewayApp:
             await close_runtime(runtime)
 
     inference = {api.path: InferenceEndpoint(api) for api in APIS}
+    # Anthropic SDKs append /v1/messages to their base URL; one ending in /v1
+    # (as OpenAI SDKs want it) must work too (spec §19).
+    inference.update(
+        {"/v1" + api.path: inference[api.path] for api in APIS if api.error_shape == "anthropic"}
+    )
     # Listed in the router too, so that other methods on them get a clean 405.
     routes = [
         *(Route(path, endpoint, methods=["POST"]) for path, endpoint in inference.items()),
