@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -78,15 +77,17 @@ def test_create_answers_a_typed_message_with_reported_usage(stack: Stack) -> Non
 
 
 def test_stream_text_and_final_message(stack: Stack) -> None:
-    with _client(stack, v1=True) as client:
-        with client.messages.stream(
+    with (
+        _client(stack, v1=True) as client,
+        client.messages.stream(
             model="gemma-4-mm",
             max_tokens=32,
             system="Be brief.",
             messages=[{"role": "user", "content": "[[sim chunks=5]] Hi"}],
-        ) as stream:
-            text = "".join(stream.text_stream)
-            final = stream.get_final_message()
+        ) as stream,
+    ):
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
     assert text and final.content[0].type == "text"
     assert final.content[0].text == text
     assert final.usage.output_tokens == 5 and final.usage.input_tokens > 0
