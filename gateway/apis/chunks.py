@@ -5,6 +5,14 @@
 (model set back to the alias, usage removed unless asked for) or, for a
 non-streaming caller, collects them into the answer the worker would have
 given non-streamed (``chunk_answer``).
+
+Usage: chat's worker reports it on the terminal chunk; the completions
+worker never does (reference §3.5), so a completion's usage is counted from
+the content chunks received (``usage.count_output_tokens``) and, when the
+caller asked for ``stream_options.include_usage``, the dialect adds the
+usage chunk the worker did not send: ``choices: []``, the stream's id,
+created and model, the estimated usage, right before ``data: [DONE]`` (the
+:attr:`ChunkDialect.terminal_frame` of a stream that ended validly).
 """
 
 from __future__ import annotations
@@ -22,7 +30,12 @@ from gateway.apis.chunk_grammar import (
     StreamRules,
     StreamState,
 )
-from gateway.apis.usage import estimate_output_tokens
+from gateway.apis.usage import (
+    count_output_tokens,
+    estimate_output_tokens,
+    public_usage,
+    usage_of,
+)
 from gateway.core.errors import GatewayError
 
 # Re-exported for the tests and benchmarks that import them from here.
@@ -66,9 +79,15 @@ class ChunkDialect:
         self.source = self.validator = SSEValidator(rules)
         self.kind = kind
         # Completion chunks never carry usage (reference §3.5): it is estimated.
+        # (The header goes out before the body, so the request decides it.)
         self.usage_source = "reported" if kind == "chat" else "estimated"
         self.alias = plan.alias
         self.include_usage = plan.include_usage
+        self.max_tokens = plan.max_tokens
+        self.prompt_bytes = plan.prompt_bytes
+        # What ends a valid stream; on_item puts the estimated usage chunk
+        # before [DONE] once the finish shows the worker sent no usage.
+        self.terminal_frame = DONE_FRAME
         self.collect = collect
         self.has_content = False
         self.content_chunks = 0
@@ -88,7 +107,27 @@ class ChunkDialect:
         data["model"] = self.alias
         if not self.include_usage:
             data.pop("usage", None)
+        elif chunk.finish_reason is not None or chunk.usage is not None:
+            # After the finish no content may follow (only a usage-only chunk,
+            # which is reported usage): the estimate is final here.
+            self.terminal_frame = self._usage_frame(data) + DONE_FRAME
         return b"data: " + orjson.dumps(data) + b"\n\n"
+
+    def _usage_frame(self, data: dict[str, Any]) -> bytes:
+        """The usage chunk the worker did not send (b"" when it did send usage):
+        the worker's chunk shape, ``choices: []``, the estimated usage."""
+        if self.validator.grammar.usage is not None:
+            return b""
+        usage = usage_of(None, None, self.prompt_bytes, self._output_estimate())
+        frame = {k: ([] if k == "choices" else v) for k, v in data.items() if k != "usage"}
+        frame["usage"] = public_usage(usage)
+        return b"data: " + orjson.dumps(frame) + b"\n\n"
+
+    def _output_estimate(self) -> int:
+        grammar = self.validator.grammar
+        if self.kind == "completion":
+            return count_output_tokens(self.content_chunks, self.max_tokens)
+        return estimate_output_tokens(self.content_chunks, grammar.text.bytes, self.max_tokens)
 
     def error_frame(self, exc: GatewayError) -> bytes:
         return b"data: " + orjson.dumps(exc.body()) + b"\n\n"
@@ -103,7 +142,7 @@ class ChunkDialect:
             finish_reason=grammar.finish_reason,
             usage=usage,
             counts=counts,
-            output_estimate=estimate_output_tokens(self.content_chunks, grammar.text.bytes),
+            output_estimate=self._output_estimate(),
             outcome="length" if grammar.finish_reason == "length" else "complete",
             nul_replaced=grammar.text.nul_replaced,
         )

@@ -2,7 +2,10 @@
 
 ``prompt`` is one string (what the worker accepts); the worker's chunks carry
 no usage at all (reference §3.5), so usage is always estimated and said so
-(``x-usage-source: estimated``, spec §14).
+(``x-usage-source: estimated``, spec §14): completion tokens are the content
+chunks received, never more than ``max_tokens``. A stream that asked for
+``stream_options.include_usage`` gets that estimate as the final usage chunk
+(``choices: []``) before ``data: [DONE]`` (``chunks.ChunkDialect``).
 """
 
 from __future__ import annotations

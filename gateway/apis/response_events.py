@@ -27,6 +27,34 @@ receipt says ``upstream_error``). EOF before ``[DONE]`` is
 alias, and answers a non-streaming caller with the terminal event's response
 object, its message text as the worker's non-streaming path leaves it
 (``chunk_answer.worker_text``).
+
+What the caller gets validates against the OpenAI SDK's types
+(``openai.types.responses``, strict): the dialect fills what the worker leaves
+out with OpenAI's documented defaults, only where the field is absent, never
+changing a value the worker sent (:data:`RESPONSE_DEFAULTS`,
+:func:`fill_response`, :meth:`ResponsesDialect.on_item`):
+
+* every response object (``response.created`` … terminal, the non-streaming
+  answer, the copy kept for ``GET``): ``tools: []``, ``tool_choice: "auto"``,
+  ``parallel_tool_calls: true`` (the worker echoes them only when the request
+  sent them); ``usage.input_tokens_details: {"cached_tokens": 0,
+  "cache_write_tokens": 0}`` and ``usage.output_tokens_details:
+  {"reasoning_tokens": 0}``; a failure's ``error.code: "server_error"``; the
+  worker's string ``reasoning`` (a copy of the reasoning text, which the
+  reasoning output item carries too) is removed, as OpenAI's ``reasoning`` is
+  the request's config object;
+* every ``output_text`` content part (in output items, ``part`` of
+  ``response.content_part.*``): ``annotations: []``;
+* every event about one output item's content (content parts, text,
+  refusal, function-call arguments, reasoning): ``item_id``, the id of the
+  item ``response.output_item.added`` announced at its ``output_index`` (the
+  worker's function-call events name the ``call_id`` only); text deltas and
+  ``response.output_text.done``: ``logprobs: []`` (the worker streams none on
+  Responses).
+
+The fill is a few dict assignments on the event the grammar already parsed,
+before its one serialization; the grammar still judges the worker's bytes as
+they came.
 """
 
 from __future__ import annotations
@@ -85,6 +113,22 @@ _KNOWN = OUTPUT_EVENTS | TERMINAL_EVENTS | {_CREATED}
 _DELTAS = TEXT_DELTAS | {"response.function_call_arguments.delta"}
 #: the start of each event's frame to the caller, encoded once
 _FRAME_HEADS = {name: b"event: " + name.encode() + b"\ndata: " for name in _KNOWN}
+#: events that carry one output item whole (``item``)
+_ITEM_EVENTS = frozenset({"response.output_item.added", "response.output_item.done"})
+#: events about one output item's content: OpenAI names the item (``item_id``)
+_ITEM_ID_EVENTS = OUTPUT_EVENTS - _ITEM_EVENTS - {"response.in_progress", "response.queued"}
+#: events whose OpenAI type requires ``logprobs`` (a list)
+_LOGPROB_EVENTS = frozenset({"response.output_text.delta", "response.output_text.done"})
+#: what a response object lacks from the worker unless the request sent it, with
+#: OpenAI's defaults (``tools`` gets a new list each time)
+RESPONSE_DEFAULTS: dict[str, Any] = {"tool_choice": "auto", "parallel_tool_calls": True}
+_USAGE_DETAILS: dict[str, dict[str, int]] = {
+    "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+    "output_tokens_details": {"reasoning_tokens": 0},
+}
+#: a failed response's ``error.code`` when the worker names none (its
+#: ``ResponseError`` has only ``type`` and ``message``): OpenAI's generic code
+FAILURE_CODE = "server_error"
 
 
 @dataclass(slots=True)
@@ -111,6 +155,56 @@ def _content_parts(
         content = entry.get("content")
         if isinstance(content, list):
             yield from (part for part in content if isinstance(part, dict))
+
+
+def _fill_part(part: Any) -> None:
+    """An output content part: ``output_text`` gets ``annotations: []``."""
+    if isinstance(part, dict) and part.get("type") == "output_text" and "annotations" not in part:
+        part["annotations"] = []
+
+
+def _fill_item(item: Any) -> None:
+    """An output item: its message content parts (see :func:`_fill_part`)."""
+    if not isinstance(item, dict) or item.get("type") != "message":
+        return
+    content = item.get("content")
+    if isinstance(content, list):
+        for part in content:
+            _fill_part(part)
+
+
+def _fill_usage(usage: Any) -> None:
+    if not isinstance(usage, dict):
+        return
+    for key, defaults in _USAGE_DETAILS.items():
+        details = usage.get(key)
+        if details is None:
+            usage[key] = dict(defaults)
+        elif isinstance(details, dict):
+            for name, value in defaults.items():
+                details.setdefault(name, value)
+
+
+def fill_response(response: dict[str, Any]) -> dict[str, Any]:
+    """Fill a response object's fields the worker left out with OpenAI's
+    defaults (module docstring); values the worker sent stay as they are.
+    Shapes the grammar does not check are passed on unread. Returns it."""
+    if "tools" not in response:
+        response["tools"] = []
+    for key, value in RESPONSE_DEFAULTS.items():
+        if key not in response:
+            response[key] = value
+    if isinstance(response.get("reasoning"), str):
+        del response["reasoning"]
+    output = response.get("output")
+    if isinstance(output, list):
+        for item in output:
+            _fill_item(item)
+    _fill_usage(response.get("usage"))
+    error = response.get("error")
+    if isinstance(error, dict) and error.get("code") is None:
+        error["code"] = FAILURE_CODE
+    return response
 
 
 class ResponsesGrammar:
@@ -293,22 +387,49 @@ class ResponsesDialect:
         self.collect = collect
         self.has_content = False
         self._response: dict[str, Any] | None = None
+        #: output_index -> the id of the item announced there (``item_id``)
+        self._item_ids: dict[int, str] = {}
 
     @property
     def source(self) -> ResponsesValidator:
         return self.validator
 
     def on_item(self, event: ResponseEvent) -> bytes | None:
-        if event.text or event.name in TERMINAL_EVENTS:
+        name, data = event.name, event.data
+        if event.text or name in TERMINAL_EVENTS:
             self.has_content = True
-        response = event.data.get("response")
+        response = data.get("response")
         if isinstance(response, dict):
             response["model"] = self.alias
-            if event.name in TERMINAL_EVENTS:
+            fill_response(response)
+            if name in TERMINAL_EVENTS:
                 self._response = response
         if self.collect:
             return None
-        return _FRAME_HEADS[event.name] + orjson.dumps(event.data) + b"\n\n"
+        if name in _ITEM_ID_EVENTS:
+            self._fill_content_event(name, data)
+        elif name in _ITEM_EVENTS:
+            self._fill_item_event(data)
+        return _FRAME_HEADS[name] + orjson.dumps(data) + b"\n\n"
+
+    def _fill_content_event(self, name: str, data: dict[str, Any]) -> None:
+        if "item_id" not in data:
+            index = data.get("output_index")
+            # type(): a bool is no index, and an unhashable value must not reach get()
+            item_id = self._item_ids.get(index) if type(index) is int else None
+            if item_id is not None:
+                data["item_id"] = item_id
+        if name in _LOGPROB_EVENTS and "logprobs" not in data:
+            data["logprobs"] = []
+        if "part" in data:
+            _fill_part(data["part"])
+
+    def _fill_item_event(self, data: dict[str, Any]) -> None:
+        item = data.get("item")
+        index = data.get("output_index")
+        if isinstance(item, dict) and type(index) is int and isinstance(item.get("id"), str):
+            self._item_ids[index] = item["id"]
+        _fill_item(item)
 
     def error_frame(self, exc: GatewayError) -> bytes:
         body = {
@@ -361,4 +482,5 @@ class ResponsesDialect:
                 "output_tokens": usage["completion_tokens"],
                 "total_tokens": usage["total_tokens"],
             }
+            _fill_usage(response["usage"])
         return response

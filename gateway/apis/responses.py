@@ -6,9 +6,18 @@ Planning: ``input`` is a string or a list of items -- messages (``role``,
 (or the chat-style ``image_url`` part)), ``function_call`` and
 ``function_call_output`` items (a function-tool round trip re-sends them);
 ``instructions``; flat function tools. Built-in tools (every tool whose
-``type`` is not ``function``), ``background: true`` and ``include`` entries
-are refused (``unsupported_field``): each would make the worker fetch, run or
-keep something on the caller's behalf. The output bound is
+``type`` is not ``function``) and ``background: true`` are refused
+(``unsupported_field``): each would make the worker fetch, run or keep
+something on the caller's behalf. ``include`` (:data:`INCLUDE_FORWARDED`):
+the worker parses four values (``IncludeOption`` in its ``responses.rs``) and
+acts on none (its ``IncludeConfig`` is never read), so the two that name no
+built-in tool's output, ``reasoning.encrypted_content`` and
+``message.input_image.image_url``, are forwarded as sent: they fetch and run
+nothing. Every other entry is refused naming ``include[i]``: the outputs of
+built-in tools (file search, web search, code interpreter, computer use),
+which are not served, and ``message.output_text.logprobs``, which the worker
+does not know (its whole request would be a 422) and could not honour (its
+Responses stream carries no logprobs). The output bound is
 ``max_output_tokens`` (``max_tokens`` and ``max_completion_tokens`` are the
 worker's aliases for it). A ``previous_response_id`` is handed to the
 pipeline, which forwards it only for the tenant's own response ids.
@@ -139,10 +148,29 @@ _REASONING = obj(
 )
 
 
+#: ``include`` values forwarded to the worker (module docstring)
+INCLUDE_FORWARDED = frozenset({"reasoning.encrypted_content", "message.input_image.image_url"})
+_INCLUDE_REFUSED: Mapping[str, str] = {
+    **{
+        name: "is not supported (built-in tools are not served)"
+        for name in (
+            "file_search_call.results",
+            "web_search_call.results",
+            "web_search_call.action.sources",
+            "code_interpreter_call.outputs",
+            "computer_call_output.output.image_url",
+        )
+    },
+    "message.output_text.logprobs": "is not supported (the worker returns no logprobs here)",
+}
+
+
 def _include(value: Any, path: str) -> Any:
-    entries = list_of(string)(value, path)
-    if entries:
-        raise unsupported(item(path, 0), "is not supported")
+    entries: list[str] = list_of(string)(value, path)
+    for index, entry in enumerate(entries):
+        if entry not in INCLUDE_FORWARDED:
+            reason = _INCLUDE_REFUSED.get(entry, "is not a supported include value")
+            raise unsupported(item(path, index), reason)
     return entries
 
 

@@ -1,8 +1,13 @@
 """Usage: reported by the worker, or estimated and marked so (spec §7, §9). Pure.
 
 The estimate is the spec's: prompt tokens are prompt bytes / 4 (rounded up)
-unless something better is known; completion tokens are the larger of the
-content events seen and the content bytes / 4.
+unless something better is known. Completion tokens are counted from what
+arrived and never exceed the request's ``max_tokens`` (spec §8: a worker
+may not send more, so an estimate of more is wrong): a stream that never
+reports usage (``/v1/completions``, reference §3.5) counts one token per
+content chunk (:func:`count_output_tokens`); one whose usage went missing
+(a cut or failed chat or Responses stream) takes the larger of the content
+events and the content bytes / 4 (:func:`estimate_output_tokens`).
 """
 
 from __future__ import annotations
@@ -29,8 +34,25 @@ def usage_count(usage: dict[str, Any], key: str) -> int:
     return value
 
 
-def estimate_output_tokens(content_events: int, content_bytes: int) -> int:
-    return max(content_events, -(-content_bytes // 4))
+def _capped(tokens: int, max_tokens: int | None) -> int:
+    return tokens if max_tokens is None else min(tokens, max_tokens)
+
+
+def estimate_output_tokens(
+    content_events: int, content_bytes: int, max_tokens: int | None = None
+) -> int:
+    """Completion tokens of a stream whose usage went missing: the larger of the
+    content events and the content bytes / 4 (rounded up), at most ``max_tokens``."""
+    return _capped(max(content_events, -(-content_bytes // 4)), max_tokens)
+
+
+def count_output_tokens(content_chunks: int, max_tokens: int | None) -> int:
+    """Completion tokens of a stream that never reports usage: the content chunks
+    received (each carries at least one token; a real engine's chunk sometimes
+    carries more, so this is a floor), at most ``max_tokens``."""
+    if content_chunks < 0:
+        raise ValueError("content_chunks must not be negative")
+    return _capped(content_chunks, max_tokens)
 
 
 @dataclass(slots=True)

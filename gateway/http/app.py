@@ -27,7 +27,7 @@ from gateway.core.errors import GatewayError
 from gateway.http.asgi import header, request_id_from, send_error
 from gateway.http.evidence_api import evidence_collection, evidence_item
 from gateway.http.inference import InferenceEndpoint
-from gateway.http.responses_api import response_item
+from gateway.http.responses_api import response_cancel, response_item
 from gateway.http.routes import livez, metrics, models, readyz
 from gateway.observe.access import RequestInfo
 from gateway.observe.tracing import NO_SPAN, NS, Tracing, failed
@@ -270,6 +270,7 @@ def create_app(loaded: Loaded, tracing: Tracing | None = None) -> GatewayApp:
         Route("/v1/evidence", _Raw(evidence_collection), methods=["GET", "POST"]),
         Route("/v1/evidence/{evidence_id}", _Raw(evidence_item), methods=["GET", "DELETE"]),
         Route("/v1/responses/{response_id}", _Raw(response_item), methods=["GET", "DELETE"]),
+        Route("/v1/responses/{response_id}/cancel", _Raw(response_cancel), methods=["POST"]),
         Route("/livez", _Raw(livez), methods=["GET"]),
         Route("/readyz", _Raw(readyz), methods=["GET"]),
     ]

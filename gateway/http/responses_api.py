@@ -1,4 +1,5 @@
-"""``GET`` and ``DELETE /v1/responses/{id}`` (spec §14): only for the caller's own ids.
+"""``GET`` and ``DELETE /v1/responses/{id}`` (spec §14): only for the caller's own ids;
+``POST /v1/responses/{id}/cancel``: 400, as background responses are not served.
 
 A Responses id is the tenant's once the gateway relayed it (the catalog's
 ``responses`` table, kept ``responses.ttl_s``; ``gateway/books/responses.py``).
@@ -12,13 +13,22 @@ for ``GET``. Without a kept copy (``store: false``, a stream that never
 finished) it is forwarded. ``DELETE`` is forwarded (the worker drops the
 conversation history ``previous_response_id`` reads) and forgets the id here;
 an id the worker no longer knows is still deleted here. The worker's answers
-are checked (id, object type) and the alias is put back in ``model``.
+are checked (id, object type) and the alias is put back in ``model``; a
+fetched response object gets the fields the worker leaves out, as streamed
+ones do (``response_events.fill_response``).
+
+``POST …/cancel`` (the SDK's ``responses.cancel``) cancels a background run,
+and ``background: true`` is refused at create (spec §14), so there is never
+anything to cancel: after authentication (as ``GET``) it answers 400
+``invalid_request`` with ``param: "background"``, for any id, without a
+lookup or a worker call (the worker's cancel route stays unreachable).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from gateway.apis.response_events import fill_response
 from gateway.apis.responses import RESPONSE_ID
 from gateway.core.errors import GatewayError
 from gateway.http.asgi import info_of, runtime_of, send_error, send_json, tenant_for
@@ -74,6 +84,23 @@ async def response_item(scope: Scope, receive: Receive, send: Send) -> None:
     await send_json(send, 200, answer)
 
 
+CANCEL_MESSAGE = (
+    "Background responses are not served, so there is none to cancel: a response is "
+    "answered within its request (closing the connection stops it)."
+)
+
+
+async def response_cancel(scope: Scope, receive: Receive, send: Send) -> None:
+    rt = runtime_of(scope)
+    info = info_of(scope)
+    info.endpoint = "responses"
+    try:
+        await tenant_for(scope, rt, "responses")
+        raise GatewayError("invalid_request", CANCEL_MESSAGE, param="background")
+    except GatewayError as exc:
+        await send_error(send, exc, info)
+
+
 async def _send_raw(send: Send, body: bytes) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -88,4 +115,5 @@ def _checked(method: str, response_id: str, body: Any, alias: str) -> dict[str, 
         raise GatewayError("upstream_protocol_error")
     if method == "GET":
         body["model"] = alias
+        fill_response(body)
     return body
