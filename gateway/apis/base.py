@@ -79,6 +79,11 @@ class Plan:
     previous_response_id: str | None = None
     #: whether the request spends tokens (reserved and settled); a token count does not
     bills_tokens: bool = True
+    #: messages or inputs the worker templates (4 tokens of overhead each, spec §21)
+    turns: int = 1
+    #: the caller sees every usage field the worker reported (policy
+    #: ``usage_details: full``), not only the counts (spec §21)
+    full_usage: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +93,9 @@ class StreamBounds:
     framing: Framing = field(default_factory=Framing)
     max_text_bytes: int = 16_777_216
     text_nul: TextNul = "replace"
+    #: the most prompt tokens the worker may bill (spec §21): a token is at least
+    #: one byte of what was forwarded; None: unchecked (the readiness probe)
+    max_prompt_tokens: int | None = None
 
 
 class OutputText:
@@ -140,6 +148,8 @@ class Report:
     nul_replaced: int = 0
     #: ids the worker gave the answer (Responses: recorded for the tenant)
     response_id: str | None = None
+    #: the worker's own id of the answer (the receipt's ``upstream_id``, spec §21)
+    upstream_id: str | None = None
     #: the answer's final object when it is kept for a later GET (Responses)
     final: dict[str, Any] | None = None
 

@@ -217,6 +217,7 @@ class ChatApi:
         prompt += compiled_bytes(clean)
         check_prompt(prompt, tenant)
         plan.prompt_bytes = prompt
+        plan.turns = len(clean["messages"])
         check_count(plan, tenant, "messages")
         return plan
 

@@ -63,6 +63,8 @@ class StreamRules:
 
     kind: Literal["chat", "completion"]
     max_tokens: int | None = None
+    #: prompt tokens the usage may claim at most (spec §21)
+    max_prompt_tokens: int | None = None
     tools_requested: bool = False
     max_line_bytes: int = 1_048_576
     max_event_bytes: int = 1_048_576
@@ -265,6 +267,9 @@ class ChunkGrammar:
         max_tokens = self._rules.max_tokens
         if max_tokens is not None and completion > max_tokens:
             raise violation("Upstream usage exceeds the request's max_tokens.")
+        bound = self._rules.max_prompt_tokens
+        if bound is not None and prompt > bound:
+            raise violation("Upstream usage claims more prompt tokens than were sent.")
         # a copy: the caller may strip or rewrite usage in the chunk it forwards
         return dict(usage)
 

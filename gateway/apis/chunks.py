@@ -17,6 +17,7 @@ created and model, the estimated usage, right before ``data: [DONE]`` (the
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
 import orjson
@@ -32,6 +33,7 @@ from gateway.apis.chunk_grammar import (
 )
 from gateway.apis.usage import (
     count_output_tokens,
+    counts_only,
     estimate_output_tokens,
     public_usage,
     usage_of,
@@ -67,6 +69,7 @@ class ChunkDialect:
         rules = StreamRules(
             kind=kind,
             max_tokens=plan.max_tokens,
+            max_prompt_tokens=bounds.max_prompt_tokens,
             tools_requested=plan.tools_requested,
             max_line_bytes=framing.max_line_bytes,
             max_event_bytes=framing.max_event_bytes,
@@ -82,6 +85,9 @@ class ChunkDialect:
         # (The header goes out before the body, so the request decides it.)
         self.usage_source = "reported" if kind == "chat" else "estimated"
         self.alias = plan.alias
+        # The gateway's own id (spec §21): the worker's counts its requests.
+        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + os.urandom(12).hex()
+        self.full_usage = plan.full_usage
         self.include_usage = plan.include_usage
         self.max_tokens = plan.max_tokens
         self.prompt_bytes = plan.prompt_bytes
@@ -104,10 +110,13 @@ class ChunkDialect:
             self.collected.note(chunk)
             return None
         data = chunk.data
+        data["id"] = self.id
         data["model"] = self.alias
         if not self.include_usage:
             data.pop("usage", None)
         elif chunk.finish_reason is not None or chunk.usage is not None:
+            if chunk.usage is not None and not self.full_usage:
+                data["usage"] = counts_only(chunk.usage)
             # After the finish no content may follow (only a usage-only chunk,
             # which is reported usage): the estimate is final here.
             self.terminal_frame = self._usage_frame(data) + DONE_FRAME
@@ -120,7 +129,7 @@ class ChunkDialect:
             return b""
         usage = usage_of(None, None, self.prompt_bytes, self._output_estimate())
         frame = {k: ([] if k == "choices" else v) for k, v in data.items() if k != "usage"}
-        frame["usage"] = public_usage(usage)
+        frame["usage"] = public_usage(usage, full=self.full_usage)
         return b"data: " + orjson.dumps(frame) + b"\n\n"
 
     def _output_estimate(self) -> int:
@@ -145,9 +154,12 @@ class ChunkDialect:
             output_estimate=self._output_estimate(),
             outcome="length" if grammar.finish_reason == "length" else "complete",
             nul_replaced=grammar.text.nul_replaced,
+            upstream_id=grammar.chunk_id,
         )
 
     def answer(self, usage: dict[str, Any]) -> dict[str, Any]:
         """The OpenAI JSON object for a non-streaming caller (spec §9, §14), keys
         in the worker's order (``stop_sequence`` after ``finish_reason``)."""
-        return self.collected.answer(self.validator.grammar, usage)
+        answer = self.collected.answer(self.validator.grammar, usage)
+        answer["id"] = self.id
+        return answer

@@ -350,6 +350,7 @@ def plan_message(body: Any, ctx: PlanContext, endpoint: str, *, counting: bool) 
     if planner.has_text:
         require_text_modality(tenant, "messages")
     plan.prompt_bytes = prompt
+    plan.turns = len(clean["messages"]) + (1 if system else 0)
     check_count(plan, tenant, "messages")
     return plan
 

@@ -28,38 +28,14 @@ alias, and answers a non-streaming caller with the terminal event's response
 object, its message text as the worker's non-streaming path leaves it
 (``chunk_answer.worker_text``).
 
-What the caller gets validates against the OpenAI SDK's types
-(``openai.types.responses``, strict): the dialect fills what the worker leaves
-out with OpenAI's documented defaults, only where the field is absent, never
-changing a value the worker sent (:data:`RESPONSE_DEFAULTS`,
-:func:`fill_response`, :meth:`ResponsesDialect.on_item`):
-
-* every response object (``response.created`` … terminal, the non-streaming
-  answer, the copy kept for ``GET``): ``tools: []``, ``tool_choice: "auto"``,
-  ``parallel_tool_calls: true`` (the worker echoes them only when the request
-  sent them); ``usage.input_tokens_details: {"cached_tokens": 0,
-  "cache_write_tokens": 0}`` and ``usage.output_tokens_details:
-  {"reasoning_tokens": 0}``; a failure's ``error.code: "server_error"``; the
-  worker's string ``reasoning`` (a copy of the reasoning text, which the
-  reasoning output item carries too) is removed, as OpenAI's ``reasoning`` is
-  the request's config object;
-* every ``output_text`` content part (in output items, ``part`` of
-  ``response.content_part.*``): ``annotations: []``;
-* every event about one output item's content (content parts, text,
-  refusal, function-call arguments, reasoning): ``item_id``, the id of the
-  item ``response.output_item.added`` announced at its ``output_index`` (the
-  worker's function-call events name the ``call_id`` only); text deltas and
-  ``response.output_text.done``: ``logprobs: []`` (the worker streams none on
-  Responses).
-
-The fill is a few dict assignments on the event the grammar already parsed,
-before its one serialization; the grammar still judges the worker's bytes as
-they came.
+What the caller gets is filled to validate against the OpenAI SDK's types
+(``response_fill.py``), and its ids are the gateway's (spec §21).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -69,6 +45,13 @@ import orjson
 from gateway.apis.base import OutputText, Plan, Report, StreamBounds, TextNul
 from gateway.apis.chunk_answer import worker_text
 from gateway.apis.chunk_grammar import DONE_FRAME
+from gateway.apis.response_fill import (
+    LOGPROB_EVENTS,
+    fill_item,
+    fill_part,
+    fill_response,
+    fill_usage,
+)
 from gateway.apis.usage import estimate_output_tokens, usage_count
 from gateway.core.errors import GatewayError
 from gateway.core.sse import StreamValidator, violation
@@ -117,18 +100,6 @@ _FRAME_HEADS = {name: b"event: " + name.encode() + b"\ndata: " for name in _KNOW
 _ITEM_EVENTS = frozenset({"response.output_item.added", "response.output_item.done"})
 #: events about one output item's content: OpenAI names the item (``item_id``)
 _ITEM_ID_EVENTS = OUTPUT_EVENTS - _ITEM_EVENTS - {"response.in_progress", "response.queued"}
-#: events whose OpenAI type requires ``logprobs`` (a list)
-_LOGPROB_EVENTS = frozenset({"response.output_text.delta", "response.output_text.done"})
-#: what a response object lacks from the worker unless the request sent it, with
-#: OpenAI's defaults (``tools`` gets a new list each time)
-RESPONSE_DEFAULTS: dict[str, Any] = {"tool_choice": "auto", "parallel_tool_calls": True}
-_USAGE_DETAILS: dict[str, dict[str, int]] = {
-    "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-    "output_tokens_details": {"reasoning_tokens": 0},
-}
-#: a failed response's ``error.code`` when the worker names none (its
-#: ``ResponseError`` has only ``type`` and ``message``): OpenAI's generic code
-FAILURE_CODE = "server_error"
 
 
 @dataclass(slots=True)
@@ -157,56 +128,6 @@ def _content_parts(
             yield from (part for part in content if isinstance(part, dict))
 
 
-def _fill_part(part: Any) -> None:
-    """An output content part: ``output_text`` gets ``annotations: []``."""
-    if isinstance(part, dict) and part.get("type") == "output_text" and "annotations" not in part:
-        part["annotations"] = []
-
-
-def _fill_item(item: Any) -> None:
-    """An output item: its message content parts (see :func:`_fill_part`)."""
-    if not isinstance(item, dict) or item.get("type") != "message":
-        return
-    content = item.get("content")
-    if isinstance(content, list):
-        for part in content:
-            _fill_part(part)
-
-
-def _fill_usage(usage: Any) -> None:
-    if not isinstance(usage, dict):
-        return
-    for key, defaults in _USAGE_DETAILS.items():
-        details = usage.get(key)
-        if details is None:
-            usage[key] = dict(defaults)
-        elif isinstance(details, dict):
-            for name, value in defaults.items():
-                details.setdefault(name, value)
-
-
-def fill_response(response: dict[str, Any]) -> dict[str, Any]:
-    """Fill a response object's fields the worker left out with OpenAI's
-    defaults (module docstring); values the worker sent stay as they are.
-    Shapes the grammar does not check are passed on unread. Returns it."""
-    if "tools" not in response:
-        response["tools"] = []
-    for key, value in RESPONSE_DEFAULTS.items():
-        if key not in response:
-            response[key] = value
-    if isinstance(response.get("reasoning"), str):
-        del response["reasoning"]
-    output = response.get("output")
-    if isinstance(output, list):
-        for item in output:
-            _fill_item(item)
-    _fill_usage(response.get("usage"))
-    error = response.get("error")
-    if isinstance(error, dict) and error.get("code") is None:
-        error["code"] = FAILURE_CODE
-    return response
-
-
 class ResponsesGrammar:
     """The named-event rules; see the module docstring."""
 
@@ -214,11 +135,13 @@ class ResponsesGrammar:
         self,
         *,
         max_output_tokens: int | None,
+        max_prompt_tokens: int | None = None,
         max_text_bytes: int = 16_777_216,
         text_nul: TextNul = "replace",
         loads: Callable[[bytes | str], Any] = json.loads,
     ) -> None:
         self._max_output_tokens = max_output_tokens
+        self._max_prompt_tokens = max_prompt_tokens
         self._text_nul = text_nul
         self._loads = loads
         self._next_seq: int | None = None
@@ -359,6 +282,8 @@ class ResponsesGrammar:
             raise violation("Upstream usage does not add up.")
         if self._max_output_tokens is not None and output > self._max_output_tokens:
             raise violation("Upstream usage exceeds the request's max_output_tokens.")
+        if self._max_prompt_tokens is not None and prompt > self._max_prompt_tokens:
+            raise violation("Upstream usage claims more prompt tokens than were sent.")
         return dict(usage)
 
 
@@ -378,12 +303,16 @@ class ResponsesDialect:
     def __init__(self, plan: Plan, bounds: StreamBounds, *, collect: bool) -> None:
         grammar = ResponsesGrammar(
             max_output_tokens=plan.max_tokens,
+            max_prompt_tokens=bounds.max_prompt_tokens,
             max_text_bytes=bounds.max_text_bytes,
             text_nul=bounds.text_nul,
             loads=orjson.loads,
         )
         self.validator = ResponsesValidator(bounds.framing, grammar)
         self.alias = plan.alias
+        # The gateway's own id (spec §21); the worker's goes to the receipt.
+        self.id = "resp_" + os.urandom(12).hex()
+        self.full_usage = plan.full_usage
         self.collect = collect
         self.has_content = False
         self._response: dict[str, Any] | None = None
@@ -400,8 +329,9 @@ class ResponsesDialect:
             self.has_content = True
         response = data.get("response")
         if isinstance(response, dict):
+            response["id"] = self.id
             response["model"] = self.alias
-            fill_response(response)
+            fill_response(response, full_usage=self.full_usage)
             if name in TERMINAL_EVENTS:
                 self._response = response
         if self.collect:
@@ -419,17 +349,17 @@ class ResponsesDialect:
             item_id = self._item_ids.get(index) if type(index) is int else None
             if item_id is not None:
                 data["item_id"] = item_id
-        if name in _LOGPROB_EVENTS and "logprobs" not in data:
+        if name in LOGPROB_EVENTS and "logprobs" not in data:
             data["logprobs"] = []
         if "part" in data:
-            _fill_part(data["part"])
+            fill_part(data["part"])
 
     def _fill_item_event(self, data: dict[str, Any]) -> None:
         item = data.get("item")
         index = data.get("output_index")
         if isinstance(item, dict) and type(index) is int and isinstance(item.get("id"), str):
             self._item_ids[index] = item["id"]
-        _fill_item(item)
+        fill_item(item)
 
     def error_frame(self, exc: GatewayError) -> bytes:
         body = {
@@ -461,7 +391,8 @@ class ResponsesDialect:
             output_estimate=estimate_output_tokens(grammar.deltas, grammar.text.bytes),
             outcome=outcome,
             nul_replaced=grammar.text.nul_replaced,
-            response_id=grammar.response_id,
+            response_id=self.id if grammar.response_id is not None else None,
+            upstream_id=grammar.response_id,
             final=self._response,
         )
 
@@ -482,5 +413,5 @@ class ResponsesDialect:
                 "output_tokens": usage["completion_tokens"],
                 "total_tokens": usage["total_tokens"],
             }
-            _fill_usage(response["usage"])
+            fill_usage(response["usage"])
         return response

@@ -351,6 +351,8 @@ class ResponsesApi:
         prompt += compiled_bytes(clean)
         check_prompt(prompt, tenant, "input")
         plan.prompt_bytes = prompt
+        items = clean.get("input")
+        plan.turns = len(items) if isinstance(items, list) else 1
         check_count(plan, tenant, "input")
         return plan
 

@@ -78,10 +78,20 @@ def usage_of(
     return Usage(prompt, output_estimate, prompt + output_estimate, "estimated")
 
 
-def public_usage(usage: Usage) -> dict[str, Any]:
-    """What a non-streaming caller sees: every field the worker reported, or the estimate."""
+#: the counts every caller sees (spec §21); the rest (cache hits, the worker's
+#: timings) can reveal other tenants' prompts and traffic
+COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
+def counts_only(reported: dict[str, Any]) -> dict[str, Any]:
+    return {name: reported[name] for name in COUNTS if name in reported}
+
+
+def public_usage(usage: Usage, *, full: bool = False) -> dict[str, Any]:
+    """What a caller sees: the counts (every field the worker reported under
+    ``usage_details: full``), or the estimate."""
     if usage.reported is not None:
-        return dict(usage.reported)
+        return dict(usage.reported) if full else counts_only(usage.reported)
     return {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,

@@ -47,7 +47,8 @@ MAX_PENDING_IDS = 100_000
 LINGER_S = 0.02
 #: retry delays while the catalog write fails: doubling from the first, capped at the last
 _BACKOFF_S = (0.1, 5.0)
-Entry = tuple[str, bytes | None]
+#: (alias, kept response object, the worker's id of it)
+Entry = tuple[str, bytes | None, str | None]
 _Key = tuple[str, str]
 
 
@@ -62,7 +63,7 @@ class ResponseBook:
         # catalog write itself runs in a thread, so the front has its own lock.
         self._lock = threading.Lock()
         #: (tenant, id) -> (alias, kept body, expiry) noted but not yet in the catalog
-        self._pending: dict[_Key, tuple[str, bytes | None, float]] = {}
+        self._pending: dict[_Key, tuple[str, bytes | None, float, str | None]] = {}
         self._pending_bytes = 0
         #: past MAX_PENDING_IDS (logged once per episode)
         self._full = False
@@ -79,7 +80,14 @@ class ResponseBook:
         with self._lock:
             return len(self._pending)
 
-    def note(self, tenant: str, response_id: str, alias: str, body: bytes | None) -> None:
+    def note(
+        self,
+        tenant: str,
+        response_id: str,
+        alias: str,
+        body: bytes | None,
+        upstream_id: str | None = None,
+    ) -> None:
         if not RESPONSE_ID.fullmatch(response_id):
             # An id no caller could name (the worker's, unchecked otherwise).
             return
@@ -101,7 +109,8 @@ class ResponseBook:
             ):
                 body = None
             self._drop((tenant, response_id))
-            self._pending[(tenant, response_id)] = (alias, body, self._clock() + self._ttl_s)
+            expires = self._clock() + self._ttl_s
+            self._pending[(tenant, response_id)] = (alias, body, expires, upstream_id)
             if body is not None:
                 self._pending_bytes += len(body)
         self._wakeup.set()
@@ -126,8 +135,8 @@ class ResponseBook:
             if not batch:
                 return 0
             rows = [
-                ResponseRow(tenant, rid, alias, int(expires), body)
-                for (tenant, rid), (alias, body, expires) in batch.items()
+                ResponseRow(tenant, rid, alias, int(expires), body, upstream)
+                for (tenant, rid), (alias, body, expires, upstream) in batch.items()
             ]
             await anyio.to_thread.run_sync(self._catalog.record_responses, rows)
             with self._lock:
@@ -172,11 +181,12 @@ class ResponseBook:
         return self.pending
 
     async def entry(self, tenant: str, response_id: str) -> Entry | None:
-        """(alias, kept response object) of the tenant's live id; None if not its own."""
+        """(alias, kept response object, the worker's id) of the tenant's live id;
+        None if not its own."""
         with self._lock:
             noted = self._pending.get((tenant, response_id))
         if noted is not None:
-            return (noted[0], noted[1]) if noted[2] > self._clock() else None
+            return (noted[0], noted[1], noted[3]) if noted[2] > self._clock() else None
         return await anyio.to_thread.run_sync(self._catalog.response_entry, tenant, response_id)
 
     async def alias(self, tenant: str, response_id: str) -> str | None:

@@ -170,6 +170,14 @@ class TenantPolicy(Model):
     cost: Cost = Field(Cost(), description="Permit units per request.")
     media: MediaPolicy = Field(MediaPolicy(), description="Caller URLs and inline data.")
     evidence: EvidencePolicy = Field(EvidencePolicy(), description="Evidence quotas.")
+    usage_details: Literal["counts", "full"] = Field(
+        "counts",
+        description=(
+            "What callers see of the worker's usage: the token counts, or every field it "
+            "reported (cache hits, timings: only for a tenant that has the worker to itself; "
+            "spec §21). Receipts keep every field."
+        ),
+    )
     issuers: list[str] | None = Field(
         None,
         description=(

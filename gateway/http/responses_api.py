@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.apis.response_events import fill_response
+from gateway.apis.response_fill import fill_response
 from gateway.apis.responses import RESPONSE_ID
 from gateway.core.errors import GatewayError
 from gateway.http.asgi import info_of, runtime_of, send_error, send_json, tenant_for
@@ -48,7 +48,9 @@ async def response_item(scope: Scope, receive: Receive, send: Send) -> None:
             found = await rt.responses.entry(tenant.name, response_id)
         if found is None:
             raise GatewayError("response_not_found")
-        alias, kept = found
+        alias, kept, upstream_id = found
+        # The worker knows it by its own id; the caller sees the gateway's (spec §21).
+        worker_id = upstream_id or response_id
         if method == "GET" and kept is not None:
             await _send_raw(send, kept)
             return
@@ -61,7 +63,7 @@ async def response_item(scope: Scope, receive: Receive, send: Send) -> None:
         worker = resolved.worker
         status, body = await worker.client.request_json(
             method,
-            f"/v1/responses/{response_id}",
+            f"/v1/responses/{worker_id}",
             info.request_id,
             worker.config.readiness_timeout_s * 5,
         )
@@ -71,13 +73,17 @@ async def response_item(scope: Scope, receive: Receive, send: Send) -> None:
             await rt.responses.forget(tenant.name, response_id)
             answer = {"id": response_id, "object": "response.deleted", "deleted": True}
             if status == 200:
-                answer = _checked(method, response_id, body, alias)
+                answer = _checked(method, worker_id, body, alias)
+                answer["id"] = response_id
         elif status == 404:
             raise GatewayError("response_not_found")
         elif status != 200:
             raise GatewayError("upstream_error")
         else:
-            answer = _checked(method, response_id, body, alias)
+            answer = _checked(method, worker_id, body, alias)
+            answer["id"] = response_id
+            if tenant.policy.usage_details != "full":
+                fill_response(answer, full_usage=False)
     except GatewayError as exc:
         await send_error(send, exc, info)
         return

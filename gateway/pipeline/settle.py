@@ -62,6 +62,7 @@ def settle(call: Call, api: Api) -> None:
         receipt.stream_sha256 = relay.stream_sha256
         receipt.finish_reason = report.finish_reason
         receipt.nul_replaced = report.nul_replaced
+        receipt.upstream_id = report.upstream_id
         if relay.state.headers_sent or facts.finished:
             note_response(call)  # a stream the caller saw begin, ended or not
         receipt.usage = call.usage or usage_of_call(call)

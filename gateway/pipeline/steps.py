@@ -39,6 +39,7 @@ def resolve(call: Call, plan: Plan) -> None:
     receipt.max_tokens = plan.max_tokens
     receipt.stream = plan.stream
     receipt.dropped_parts = list(plan.dropped_parts)
+    plan.full_usage = call.tenant.policy.usage_details == "full"
     if not resolved.ready:
         # Its worker is not touched; other routes keep serving.
         raise GatewayError("upstream_not_ready")
@@ -51,7 +52,8 @@ async def run(call: Call, api: Api, plan: Plan) -> None:
     staging = rt.config.staging
     forward = api.forward(plan, resolved.route)
     if plan.previous_response_id is not None:
-        await _own_response(call, plan.previous_response_id)
+        # The caller names the gateway's id; the worker knows the conversation by its own.
+        forward["previous_response_id"] = await _own_response(call, plan.previous_response_id)
     if plan.media:
         began = now()
         await lease_records(call, plan, api.media_param)
@@ -102,7 +104,9 @@ async def run(call: Call, api: Api, plan: Plan) -> None:
     await call_worker(call, api, plan, body, rate_headers)
 
 
-async def _own_response(call: Call, response_id: str) -> None:
-    """Forward a previous_response_id only if it is one of the tenant's own."""
-    if await call.rt.responses.alias(call.tenant.name, response_id) is None:
+async def _own_response(call: Call, response_id: str) -> str:
+    """The worker's id of a previous_response_id that is one of the tenant's own."""
+    found = await call.rt.responses.entry(call.tenant.name, response_id)
+    if found is None:
         raise GatewayError("response_not_found", param="previous_response_id")
+    return found[2] or response_id

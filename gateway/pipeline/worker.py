@@ -12,7 +12,7 @@ import orjson
 from gateway.apis.base import Api, Plan, StreamBounds
 from gateway.apis.usage import Usage, public_usage, usage_of
 from gateway.books.evidence.encode import BodyProducer
-from gateway.core.body import Layout
+from gateway.core.body import Layout, MediaSlot
 from gateway.core.replies import encode_headers
 from gateway.observe.tracing import NO_SPAN, NS
 from gateway.pipeline.call import Call
@@ -32,7 +32,11 @@ async def call_worker(
 ) -> None:
     rt, info, worker = call.rt, call.info, call.worker
     upstream_cfg = worker.config
-    bounds = StreamBounds(framing=upstream_cfg.framing, text_nul=upstream_cfg.text_nul)
+    bounds = StreamBounds(
+        framing=upstream_cfg.framing,
+        text_nul=upstream_cfg.text_nul,
+        max_prompt_tokens=prompt_token_bound(body, plan),
+    )
     dialect = call.dialect = api.dialect(plan, bounds, collect=not plan.stream)
     headers = [*_SSE_HEADERS, *encode_headers(rate_headers)]
     if plan.stream:
@@ -88,9 +92,20 @@ async def call_worker(
         return
     await relay.collect(opener)
     usage = call.usage = usage_of_call(call)
-    answer = dialect.answer(public_usage(usage))
+    answer = dialect.answer(public_usage(usage, full=plan.full_usage))
     note_response(call)
     await relay.reply(call.send, answer, {**rate_headers, "x-usage-source": usage.source})
+
+
+def prompt_token_bound(body: Layout, plan: Plan) -> int:
+    """The most prompt tokens the worker may bill for this body (spec §21): a
+    token is at least one byte of the forwarded text (media at their staged
+    size), plus 4 per message or input and 1,024 of template overhead."""
+    staged = body.size
+    for segment in body.segments:
+        if isinstance(segment, MediaSlot):
+            staged += segment.raw_bytes - segment.size
+    return staged + 4 * plan.turns + 1024
 
 
 def usage_of_call(call: Call) -> Usage:
@@ -109,5 +124,5 @@ def note_response(call: Call) -> None:
         return
     keep = report.final is not None and call.plan.body.get("store", True) is not False
     body = orjson.dumps(report.final) if keep else None
-    call.rt.responses.note(call.tenant.name, response_id, call.plan.alias, body)
+    call.rt.responses.note(call.tenant.name, response_id, call.plan.alias, body, report.upstream_id)
     call.relayed_response = response_id

@@ -180,8 +180,11 @@ def test_include_usage_gets_one_usage_chunk_right_before_done(max_tokens: int, f
     # chunks carry finish_reason null, which only the SDK's lenient parse takes).
     last = openai.types.Completion.model_validate_json(last_data)
     assert last.choices == [] and last.usage is not None
+    # The gateway's id (spec §21), the same as every chunk of the stream carries.
+    assert {c["id"] for c in chunks} == {dialect.id} and dialect.id.startswith("cmpl-")
+    assert dialect.report().upstream_id == "8"
     assert (last.id, last.created, last.model, last.object) == (
-        "8",
+        dialect.id,
         1755870000,
         ALIAS,
         "text_completion",

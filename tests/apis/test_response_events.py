@@ -126,7 +126,11 @@ def test_the_caller_gets_every_event_with_the_alias() -> None:
     assert MODEL.encode() not in b"".join(frames), "the route never reaches the caller"
     report = dialect.report()
     assert (report.outcome, report.finish_reason, report.counts) == ("complete", "stop", (9, 3, 12))
-    assert report.response_id == RESPONSE_ID
+    # The caller sees the gateway's id (spec §21); the worker's goes to the receipt.
+    assert report.upstream_id == RESPONSE_ID
+    assert report.response_id == dialect.id and dialect.id.startswith("resp_")
+    assert RESPONSE_ID.encode() not in b"".join(frames)
+    assert {p["response"]["id"] for p in payloads if "response" in p} == {dialect.id}
 
 
 @pytest.mark.parametrize(
@@ -141,7 +145,7 @@ def test_non_streaming_answer_is_the_terminal_response(name: str, outcome: str) 
     dialect = ResponsesDialect(_plan(stream=False), StreamBounds(), collect=True)
     assert _run(dialect, (FIXTURES / name).read_bytes()) == []
     answer = dialect.answer({"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0})
-    assert answer["id"] == RESPONSE_ID and answer["object"] == "response"
+    assert answer["id"] == dialect.id != RESPONSE_ID and answer["object"] == "response"
     assert answer["model"] == "alias-x"
     assert dialect.report().outcome == outcome
 

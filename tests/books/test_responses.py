@@ -49,10 +49,10 @@ async def test_a_noted_id_is_the_tenants_at_once_and_in_the_catalog_soon(
 ) -> None:
     responses, catalog = book
     responses.note("acme", "resp_1", "small", b'{"id":"resp_1"}')
-    assert await responses.entry("acme", "resp_1") == ("small", b'{"id":"resp_1"}')
+    assert await responses.entry("acme", "resp_1") == ("small", b'{"id":"resp_1"}', None)
     assert await responses.entry("globex", "resp_1") is None
     await eventually_async(lambda: responses.pending == 0, "every id written", 5)
-    assert catalog.response_entry("acme", "resp_1") == ("small", b'{"id":"resp_1"}')
+    assert catalog.response_entry("acme", "resp_1") == ("small", b'{"id":"resp_1"}', None)
     assert catalog.response_entry("globex", "resp_1") is None
 
 
@@ -78,7 +78,7 @@ async def test_a_failing_volume_keeps_ids_in_memory_until_it_recovers(
         # Still the tenant's meanwhile, from memory.
         assert await responses.alias("acme", "resp_full") == "small"
         await eventually_async(lambda: responses.pending == 0, "every id written", 5)
-    assert catalog.response_entry("acme", "resp_full") == ("small", b"{}")
+    assert catalog.response_entry("acme", "resp_full") == ("small", b"{}", None)
     messages = [r.getMessage() for r in caplog.records]
     assert messages.count("responses: catalog write failed (storage_error), retrying") == 1
     assert "responses: catalog writes recovered" in messages
@@ -114,7 +114,7 @@ async def test_a_note_during_a_write_stays_for_the_next(tmp_path: Path) -> None:
         assert await responses.alias("acme", "resp_x") == "second"
         catalog.record_responses = original  # type: ignore[method-assign]
         assert await responses.flush() == 1
-        assert catalog.response_entry("acme", "resp_x") == ("second", None)
+        assert catalog.response_entry("acme", "resp_x") == ("second", None, None)
     finally:
         catalog.close()
 
@@ -129,11 +129,11 @@ async def test_kept_bodies_waiting_are_bounded(
         responses.note("acme", "resp_a", "small", b"123456")
         responses.note("acme", "resp_b", "small", b"123456")  # past the bound: no body
         responses.note("acme", "resp_a", "small", b"1234")  # replaces its own bytes
-        assert await responses.entry("acme", "resp_a") == ("small", b"1234")
-        assert await responses.entry("acme", "resp_b") == ("small", None)
+        assert await responses.entry("acme", "resp_a") == ("small", b"1234", None)
+        assert await responses.entry("acme", "resp_b") == ("small", None, None)
         await responses.flush()
         responses.note("acme", "resp_c", "small", b"123456789")  # room again once written
-        assert await responses.entry("acme", "resp_c") == ("small", b"123456789")
+        assert await responses.entry("acme", "resp_c") == ("small", b"123456789", None)
     finally:
         catalog.close()
 
@@ -144,7 +144,7 @@ async def test_close_writes_what_is_left(tmp_path: Path) -> None:
     responses.start()
     responses.note("acme", "resp_last", "small", None)
     assert await responses.aclose(5) == 0
-    assert catalog.response_entry("acme", "resp_last") == ("small", None)
+    assert catalog.response_entry("acme", "resp_last") == ("small", None, None)
     catalog.fail = 100
     responses.note("acme", "resp_lost", "small", None)
     assert await responses.aclose(1) == 1
@@ -181,7 +181,7 @@ async def test_the_flusher_outlives_an_unexpected_error(tmp_path: Path) -> None:
     try:
         responses.note("acme", "resp_odd", "small", None)
         await eventually_async(lambda: responses.pending == 0, "every id written", 5)
-        assert catalog.response_entry("acme", "resp_odd") == ("small", None)
+        assert catalog.response_entry("acme", "resp_odd") == ("small", None, None)
     finally:
         catalog.fail = 100
         responses.note("acme", "resp_late", "small", None)
@@ -234,5 +234,44 @@ async def test_a_failed_forget_leaves_the_id_as_it_was(tmp_path: Path) -> None:
         with pytest.raises(StorageFull):
             await responses.forget("acme", "resp_keep")
         assert await responses.alias("acme", "resp_keep") == "small"
+    finally:
+        catalog.close()
+
+
+async def test_the_workers_id_is_kept_beside_the_gateways(
+    book: tuple[ResponseBook, CountingCatalog],
+) -> None:
+    """Callers name the gateway's id (spec §21); the worker knows its own."""
+    responses, catalog = book
+    responses.note("acme", "resp_gateway", "small", None, "resp_worker-7")
+    assert await responses.entry("acme", "resp_gateway") == ("small", None, "resp_worker-7")
+    await responses.flush()
+    assert catalog.response_entry("acme", "resp_gateway") == ("small", None, "resp_worker-7")
+    assert catalog.response_entry("acme", "resp_worker-7") is None
+
+
+def test_a_catalog_from_before_gateway_ids_gains_the_column(tmp_path: Path) -> None:
+    import sqlite3
+    import time
+
+    path = tmp_path / "old.sqlite3"
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "CREATE TABLE responses (tenant TEXT NOT NULL, id TEXT NOT NULL, alias TEXT NOT "
+            "NULL, expires INTEGER NOT NULL, body BLOB, PRIMARY KEY (tenant, id))"
+        )
+        conn.execute(
+            "INSERT INTO responses VALUES ('acme', 'resp_old', 'small', ?, NULL)",
+            (int(time.time()) + 3600,),
+        )
+    conn.close()
+    catalog = Catalog(path)
+    try:
+        # An old row's id is the worker's own: no upstream id recorded.
+        assert catalog.response_entry("acme", "resp_old") == ("small", None, None)
+        catalog.record_responses(
+            [ResponseRow("acme", "resp_new", "small", int(time.time()) + 60, None, "w")]
+        )
+        assert catalog.response_entry("acme", "resp_new") == ("small", None, "w")
     finally:
         catalog.close()

@@ -156,7 +156,10 @@ def test_previous_response_id_own_other_and_unknown(stack: Stack) -> None:
     acme = _sdk(stack)
     own = acme.responses.create(model=ALIAS, input="one")
     acme.responses.create(model=ALIAS, input="two", previous_response_id=own.id)
-    assert _last_post(stack)["previous_response_id"] == own.id
+    # The caller holds the gateway's id (spec §21); the worker gets its own back.
+    forwarded = _last_post(stack)["previous_response_id"]
+    assert forwarded != own.id and stack.sim.has_history(forwarded)
+    assert stack.receipt(own._request_id or "")["upstream_id"] == forwarded
     before = len(worker_posts(stack.sim))
     globex = _sdk(stack, "globex")
     for other in (own.id, "resp_00000000-0000-0000-0000-000000000000", "not-an-id"):

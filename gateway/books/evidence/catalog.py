@@ -79,6 +79,7 @@ CREATE TABLE IF NOT EXISTS responses (
     alias TEXT NOT NULL,
     expires INTEGER NOT NULL,
     body BLOB,
+    upstream_id TEXT,
     PRIMARY KEY (tenant, id)
 );
 """
@@ -139,6 +140,8 @@ class ResponseRow(NamedTuple):
     alias: str
     expires: int
     body: bytes | None
+    #: the worker's own id of the response (callers see the gateway's, spec §21)
+    upstream_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +211,10 @@ class Catalog:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.executescript(_SCHEMA)
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(responses)")}
+            if "upstream_id" not in columns:
+                # A catalog from before gateway ids (spec §21): its ids are the worker's.
+                conn.execute("ALTER TABLE responses ADD COLUMN upstream_id TEXT")
         except sqlite3.Error as exc:
             conn.close()
             raise GatewayError("storage_error") from exc
@@ -408,20 +415,23 @@ class Catalog:
         """Record noted Responses ids, all in one transaction."""
         with self._write() as conn:
             conn.executemany(
-                "INSERT OR REPLACE INTO responses (tenant, id, alias, expires, body) "
-                "VALUES (?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO responses (tenant, id, alias, expires, body, upstream_id) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
                 rows,
             )
 
-    def response_entry(self, tenant: str, response_id: str) -> tuple[str, bytes | None] | None:
-        """(alias, kept response object) of the tenant's live response id; None if
-        it is not one of the tenant's."""
+    def response_entry(
+        self, tenant: str, response_id: str
+    ) -> tuple[str, bytes | None, str | None] | None:
+        """(alias, kept response object, the worker's id) of the tenant's live
+        response id; None if it is not one of the tenant's."""
         with self._read() as conn:
             row = conn.execute(
-                "SELECT alias, body FROM responses WHERE tenant = ? AND id = ? AND expires > ?",
+                "SELECT alias, body, upstream_id FROM responses "
+                "WHERE tenant = ? AND id = ? AND expires > ?",
                 (tenant, response_id, int(self._clock())),
             ).fetchone()
-        return None if row is None else (str(row[0]), row[1])
+        return None if row is None else (str(row[0]), row[1], row[2])
 
     def forget_response(self, tenant: str, response_id: str) -> None:
         with self._write() as conn:

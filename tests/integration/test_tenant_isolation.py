@@ -1,0 +1,100 @@
+"""Tenants sharing one worker see nothing of each other (spec §21, issue 25):
+gateway ids in every dialect, usage reduced to the counts, receipts keeping
+everything."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gateway.testing.harness import DEMO_SECRET_ENV
+from tests.support.jwt import HS_SECRET
+from tests.support.stack import Stack, chat_body, running_stack, sse_data
+
+ENDPOINTS = ["chat.completions", "completions", "responses", "messages", "models"]
+COUNTS = {"prompt_tokens", "completion_tokens", "total_tokens"}
+TIMINGS = {"avg_tok_per_sec", "total_time_sec", "total_prompt_time_sec"}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    mp = pytest.MonkeyPatch()
+    mp.setenv(DEMO_SECRET_ENV, HS_SECRET)
+    try:
+        with running_stack(
+            tmp_path_factory.mktemp("isolation"),
+            acme={"endpoints": ENDPOINTS},
+            globex={"endpoints": ENDPOINTS, "usage_details": "full"},
+            sim_options={"extras": True},
+        ) as running:
+            yield running
+    finally:
+        mp.undo()
+
+
+def _stream(stack: Stack, tenant: str, body: dict[str, Any]) -> tuple[list[Any], str]:
+    with stack.client(stack.rs256(tenant)) as client:
+        response = client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200
+    chunks = [json.loads(d) for d in sse_data(response.text) if d != "[DONE]"]
+    return chunks, response.headers["x-request-id"]
+
+
+def test_chat_ids_are_the_gateways_random_and_stable_within_a_stream(stack: Stack) -> None:
+    body = chat_body("[[sim chunks=4]]", stream=True)
+    first, rid = _stream(stack, "acme", body)
+    second, _ = _stream(stack, "acme", body)
+    ids = {c["id"] for c in first}
+    assert len(ids) == 1
+    [gateway_id] = ids
+    assert gateway_id.startswith("chatcmpl-") and len(gateway_id) >= len("chatcmpl-") + 24
+    assert {c["id"] for c in second} != ids
+    receipt = stack.receipt(rid)
+    worker_id = receipt["upstream_id"]
+    assert worker_id and worker_id != gateway_id
+    assert all(c["id"] != worker_id for c in first)
+
+
+def test_non_streamed_and_completion_ids_are_the_gateways(stack: Stack) -> None:
+    with stack.client(stack.rs256("acme")) as client:
+        chat = client.post("/v1/chat/completions", json=chat_body("[[sim chunks=2]]")).json()
+        completion = client.post(
+            "/v1/completions",
+            json={"model": "gemma-4-mm", "prompt": "[[sim chunks=2]] x", "max_tokens": 8},
+        ).json()
+    assert chat["id"].startswith("chatcmpl-") and len(chat["id"]) >= 33
+    assert completion["id"].startswith("cmpl-") and len(completion["id"]) >= 29
+
+
+def test_usage_is_the_counts_unless_the_policy_says_full(stack: Stack) -> None:
+    body = chat_body("[[sim chunks=3]]", stream=True)
+    body["stream_options"] = {"include_usage": True}
+    acme, rid = _stream(stack, "acme", body)
+    [usage] = [c["usage"] for c in acme if c.get("usage")]
+    assert set(usage) == COUNTS
+    receipt = stack.receipt(rid)
+    assert set(receipt["usage"]["reported"]) >= TIMINGS or set(receipt["usage"]) >= TIMINGS
+    globex, _ = _stream(stack, "globex", body)
+    [full] = [c["usage"] for c in globex if c.get("usage")]
+    assert set(full) >= TIMINGS and "prompt_tokens_details" in full
+    with stack.client(stack.rs256("acme")) as client:
+        answer = client.post("/v1/chat/completions", json=chat_body("[[sim chunks=2]]")).json()
+    assert set(answer["usage"]) == COUNTS
+
+
+def test_responses_ids_and_usage(stack: Stack) -> None:
+    sdk = stack.sdk(stack.rs256("acme"))
+    created = sdk.responses.create(model="gemma-4-mm", input="[[sim chunks=2]] hi")
+    assert created.id.startswith("resp_") and len(created.id) == len("resp_") + 24
+    assert created.usage is not None
+    assert created.usage.input_tokens_details.cached_tokens == 0
+    follow = sdk.responses.create(
+        model="gemma-4-mm", input="again", previous_response_id=created.id
+    )
+    assert follow.id != created.id and follow.id.startswith("resp_")
+    fetched = sdk.responses.retrieve(created.id)
+    assert fetched.id == created.id
+    sdk.responses.delete(created.id)
