@@ -28,14 +28,16 @@ ALIAS = "random-llama"
 
 
 def engine_policies(route: str) -> dict[str, dict[str, Any]]:
-    """Tenant ``acme`` (RS256, dev tokens, the static API key) may use :data:`ALIAS`."""
+    """Tenants ``acme`` (RS256, dev tokens, the static API key) and ``globex``
+    may use :data:`ALIAS`: two tenants sharing the one worker (spec §21)."""
     acme = default_policy(
         "acme",
         models={ALIAS: route},
         api_keys=[{"name": "nightly", "sha256": API_KEY_SHA}],
         modalities=["text"],
     )
-    return {"acme": acme}
+    globex = default_policy("globex", models={ALIAS: route}, modalities=["text"])
+    return {"acme": acme, "globex": globex}
 
 
 class EngineStack(Stack):
