@@ -26,7 +26,11 @@ CHAT_CONTENT = re.compile(rb'"content":"[^"]')
 RESPONSES_CONTENT = re.compile(
     rb'event: ?response\.output_text\.delta\r?\ndata: ?\{[^\r\n]*?"delta":"[^"]'
 )
-_DONE_TAIL = b"data: [DONE]\n\n"
+#: the first Anthropic ``text_delta`` with text
+MESSAGES_CONTENT = re.compile(rb'"text_delta","text":"[^"]')
+#: how a valid stream ends: chat, completions and Responses; Anthropic Messages
+DONE_TAIL = b"data: [DONE]\n\n"
+MESSAGES_TAIL = b'data: {"type":"message_stop"}\n\n'
 _MAX_HEAD = 65_536
 _MAX_BUFFER = 16 * 1024 * 1024
 _TAIL = 64
@@ -67,6 +71,7 @@ class _Conn(asyncio.Protocol):
         self.tail = b""
         self.scan = b""
         self.first_content = CHAT_CONTENT
+        self.done_tail = DONE_TAIL
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -77,7 +82,10 @@ class _Conn(asyncio.Protocol):
         self._fail("connection closed")
 
     def request(
-        self, payload: bytes, first_content: re.Pattern[bytes] = CHAT_CONTENT
+        self,
+        payload: bytes,
+        first_content: re.Pattern[bytes] = CHAT_CONTENT,
+        done_tail: bytes = DONE_TAIL,
     ) -> asyncio.Future[Result]:
         assert self.transport is not None and self.state == "idle"
         loop = asyncio.get_running_loop()
@@ -85,6 +93,7 @@ class _Conn(asyncio.Protocol):
         self.result = Result()
         self.tail = self.scan = b""
         self.first_content = first_content
+        self.done_tail = done_tail
         self.state = "head"
         self.sent_at = time.perf_counter()
         self.transport.write(payload)
@@ -167,7 +176,7 @@ class _Conn(asyncio.Protocol):
     def _finish(self) -> None:
         result = self.result
         result.duration_s = time.perf_counter() - self.sent_at
-        result.done = self.tail.endswith(_DONE_TAIL)
+        result.done = self.tail.endswith(self.done_tail)
         if result.status != 200:
             result.error = f"status {result.status}"
         elif not result.done:
@@ -233,6 +242,7 @@ async def run_load(
     budget_s: float,
     connections: list[_Conn] | None = None,
     first_content: re.Pattern[bytes] = CHAT_CONTENT,
+    done_tail: bytes = DONE_TAIL,
 ) -> LoadResult:
     """``total`` requests over ``concurrency`` kept-alive connections, within ``budget_s``.
 
@@ -261,7 +271,7 @@ async def run_load(
                 except (OSError, TimeoutError):
                     out.results.append(Result(error="connect failed"))
                     continue
-            waiter = conn.request(payload_for(index), first_content)
+            waiter = conn.request(payload_for(index), first_content, done_tail)
             try:
                 result = await asyncio.wait_for(asyncio.shield(waiter), request_timeout_s)
             except TimeoutError:

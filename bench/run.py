@@ -40,6 +40,9 @@ import orjson
 
 from bench.loadgen import (
     CHAT_CONTENT,
+    DONE_TAIL,
+    MESSAGES_CONTENT,
+    MESSAGES_TAIL,
     RESPONSES_CONTENT,
     LoadResult,
     close_connections,
@@ -79,7 +82,7 @@ class Scenario:
     chunks: int
     delay_ms: float = 0.0
     multimodal: bool = False
-    api: str = "chat"  # chat | responses
+    api: str = "chat"  # chat | responses | messages
 
 
 FULL = (
@@ -89,6 +92,8 @@ FULL = (
     Scenario("multimodal", 8, 400, 16, multimodal=True),
     Scenario("responses_latency", 1, 200, 16, api="responses"),
     Scenario("responses_throughput", 64, 2000, 64, api="responses"),
+    Scenario("messages_latency", 1, 200, 16, api="messages"),
+    Scenario("messages_throughput", 64, 2000, 64, api="messages"),
 )
 QUICK = (
     Scenario("latency", 1, 20, 16),
@@ -97,12 +102,17 @@ QUICK = (
     Scenario("multimodal", 2, 10, 16, multimodal=True),
     Scenario("responses_latency", 1, 20, 16, api="responses"),
     Scenario("responses_throughput", 8, 40, 64, api="responses"),
+    Scenario("messages_latency", 1, 20, 16, api="messages"),
+    Scenario("messages_throughput", 8, 40, 64, api="messages"),
 )
 #: what each API's requests are posted to, and how its first content event looks
-PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses"}
-FIRST_CONTENT = {"chat": CHAT_CONTENT, "responses": RESPONSES_CONTENT}
-#: (Responses scenario, its chat counterpart): same concurrency, count and chunks
+PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
+FIRST_CONTENT = {"chat": CHAT_CONTENT, "responses": RESPONSES_CONTENT, "messages": MESSAGES_CONTENT}
+DONE = {"chat": DONE_TAIL, "responses": DONE_TAIL, "messages": MESSAGES_TAIL}
+#: (scenario of another API, its chat counterpart): same concurrency, count and chunks
 RESPONSES_VS_CHAT = (("responses_latency", "latency"), ("responses_throughput", "throughput"))
+MESSAGES_VS_CHAT = (("messages_latency", "latency"), ("messages_throughput", "throughput"))
+VS_CHAT = dict(RESPONSES_VS_CHAT + MESSAGES_VS_CHAT)
 
 
 # ------------------------------------------------------------------ setup
@@ -133,7 +143,7 @@ def _config(workdir: Path, sim_port: int, capacity: int) -> Path:
             "tokens_per_minute": 1_000_000_000,
         },
         admission={"share": 1, "max_permits": capacity, "queue_timeout_s": 10},
-        endpoints=["chat.completions", "responses", "evidence", "models"],
+        endpoints=["chat.completions", "responses", "messages", "evidence", "models"],
     )
     issuers = [
         {
@@ -182,6 +192,15 @@ def _upload_samples(port: int, token: str) -> list[tuple[str, str]]:
 
 
 def _body(model: str, text: str, media: list[tuple[str, str]], api: str) -> bytes:
+    if api == "messages":
+        return orjson.dumps(
+            {
+                "model": model,
+                "stream": True,
+                "max_tokens": 128,
+                "messages": [{"role": "user", "content": text}],
+            }
+        )
     if api == "responses":
         return orjson.dumps(
             {"model": model, "stream": True, "max_output_tokens": 128, "input": text}
@@ -298,6 +317,7 @@ def _measure(
                     budget_s=budget_s,
                     connections=conns,
                     first_content=FIRST_CONTENT[scenario.api],
+                    done_tail=DONE[scenario.api],
                 )
             )
 
@@ -372,7 +392,8 @@ def _targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         check("slow: stream p50 x direct", "slow", "stream_p50_ms", 1.05, True),
         check("slow: TTFT p99 x direct", "slow", "ttft_p99_ms", 3.0, True),
         check("slow: gateway peak RSS MB", "slow", "peak_rss_mb", 120.0, False),
-        *_responses_vs_chat(results),
+        *_vs_chat(results, "responses"),
+        *_vs_chat(results, "messages"),
     ]
     targets = [t for t in checked if t is not None]
     slow = results.get("slow")
@@ -393,14 +414,15 @@ def _targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     return targets
 
 
-def _responses_vs_chat(results: dict[str, Any]) -> list[dict[str, Any] | None]:
-    """Responses costs the gateway about what chat does: its CPU per 1000 streams,
-    and its TTFT p50 ratio to direct, each within 1.25x of the chat scenario's
-    figure in the same run (same concurrency, count and chunks)."""
+def _vs_chat(results: dict[str, Any], api: str) -> list[dict[str, Any] | None]:
+    """Responses and Messages cost the gateway about what chat does: their CPU
+    per 1000 streams, and (latency) their TTFT p50 ratio to direct, each within
+    1.25x of the chat scenario's figure in the same run (same concurrency,
+    count and chunks)."""
 
     def ratio(scenario: str, side: str, figure: str) -> float | None:
         entry = results.get(scenario)
-        chat = results.get(dict(RESPONSES_VS_CHAT)[scenario])
+        chat = results.get(VS_CHAT[scenario])
         if entry is None or chat is None:
             return None
         value, base = entry[side].get(figure), chat[side].get(figure)
@@ -409,7 +431,7 @@ def _responses_vs_chat(results: dict[str, Any]) -> list[dict[str, Any] | None]:
         return round(value / base, 3)
 
     def target(name: str, scenario: str, figure: str, side: str) -> dict[str, Any] | None:
-        if scenario not in results or dict(RESPONSES_VS_CHAT)[scenario] not in results:
+        if scenario not in results or VS_CHAT[scenario] not in results:
             return None  # not run (--only)
         value = ratio(scenario, side, figure)
         return {
@@ -421,20 +443,20 @@ def _responses_vs_chat(results: dict[str, Any]) -> list[dict[str, Any] | None]:
 
     return [
         target(
-            "responses_latency: gateway CPU s / 1000 x chat's",
-            "responses_latency",
+            f"{api}_latency: gateway CPU s / 1000 x chat's",
+            f"{api}_latency",
             "cpu_s_per_1000",
             "gateway",
         ),
         target(
-            "responses_throughput: gateway CPU s / 1000 x chat's",
-            "responses_throughput",
+            f"{api}_throughput: gateway CPU s / 1000 x chat's",
+            f"{api}_throughput",
             "cpu_s_per_1000",
             "gateway",
         ),
         target(
-            "responses_latency: TTFT p50 x direct, x chat's",
-            "responses_latency",
+            f"{api}_latency: TTFT p50 x direct, x chat's",
+            f"{api}_latency",
             "ttft_p50_ms",
             "ratio",
         ),

@@ -102,13 +102,11 @@ def _chat_turns(role: str, content: Any) -> list[dict[str, Any]]:
                 }
             )
         elif kind == "tool_result":
-            turns.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": block["tool_use_id"],
-                    "content": _result_text(block.get("content")),
-                }
-            )
+            text, images = _result_parts(block.get("content"))
+            turns.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": text})
+            if images:
+                # The worker takes media on user turns only (reference §6).
+                turns.append({"role": "user", "content": images})
         elif kind == "thinking":
             reasoning.append(block["thinking"])
         # redacted_thinking: opaque to this worker, nothing to send
@@ -131,17 +129,16 @@ def _arguments(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
-def _result_text(content: Any) -> Any:
+def _result_parts(content: Any) -> tuple[str, list[dict[str, Any]]]:
+    """A tool result's text, and its images as user content parts."""
     if content is None:
-        return ""
+        return "", []
     if isinstance(content, str):
-        return content
-    texts = [b["text"] for b in content if b["type"] == "text"]
+        return content, []
+    text = "".join(b["text"] for b in content if b["type"] == "text")
     images = [
         {"type": "image_url", "image_url": {"url": b["source"]["url"]}}
         for b in content
         if b["type"] == "image"
     ]
-    if not images:
-        return "".join(texts)
-    return [*({"type": "text", "text": t} for t in texts), *images]
+    return text, images

@@ -21,6 +21,7 @@ The answer is what the worker's own non-streamed ``/v1/messages`` builds:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +36,10 @@ from gateway.core.errors import GatewayError
 from gateway.core.sse import violation
 
 _STOP_REASONS = {"stop": "end_turn", "eos": "end_turn", "length": "max_tokens"}
+#: every stop_reason an Anthropic stream may end with
+_STOP_REASON_VALUES = frozenset(
+    {"end_turn", "max_tokens", "stop_sequence", "tool_use", "pause_turn", "refusal", None}
+)
 
 
 def stop_reason(finish_reason: str | None, stop_sequence: str | None) -> str:
@@ -68,7 +73,12 @@ class MessagesDialect:
     def __init__(self, plan: Plan, bounds: StreamBounds, *, collect: bool) -> None:
         # Chat's dialect reads and checks the worker's stream and keeps the
         # answer; this one only shows it the Anthropic way.
-        self.chat = ChunkDialect("chat", plan, bounds, collect=True)
+        # Chat's answer cuts at chat's ``stop``: give it the message's stop_sequences.
+        stops = {"stop": plan.body.get("stop_sequences") or []}
+        self.chat = ChunkDialect(
+            "chat", dataclasses.replace(plan, body=stops), bounds, collect=True
+        )
+        self._terminal: bytes | None = None
         self.alias = plan.alias
         self.collect = collect
         self.id = message_id()
@@ -161,7 +171,7 @@ class MessagesDialect:
             self._open = (index, "tool_use", number)
             block: dict[str, Any] = {
                 "type": "tool_use",
-                "id": call.get("id") or f"toolu_{self.id[4:]}_{number}",
+                "id": call.get("id") or self._tool_id(number),
                 "name": function.get("name") or "",
                 "input": {},
             }
@@ -170,6 +180,10 @@ class MessagesDialect:
         if isinstance(arguments, str) and arguments:
             partial = {"type": "input_json_delta", "partial_json": arguments}
             out.append(self._block_delta(self._open[0] if self._open else 0, partial))
+
+    def _tool_id(self, number: Any) -> str:
+        """A tool use's id when the worker gave its call none (stream and answer alike)."""
+        return f"toolu_{self.id[4:]}_{number}"
 
     @staticmethod
     def _start(index: int, block: dict[str, Any]) -> bytes:
@@ -192,7 +206,13 @@ class MessagesDialect:
 
     @property
     def terminal_frame(self) -> bytes:
-        """``message_delta`` with the worker's usage, then ``message_stop``."""
+        """``message_delta`` with the worker's usage, then ``message_stop``
+        (made once: the stream's end is one end)."""
+        if self._terminal is None:
+            self._terminal = self._end()
+        return self._terminal
+
+    def _end(self) -> bytes:
         out: list[bytes] = []
         if not self._started:
             self._started = True
@@ -238,12 +258,12 @@ class MessagesDialect:
         text = message.get("content")
         if isinstance(text, str) and text:
             content.append({"type": "text", "text": text})
-        for call in message.get("tool_calls") or []:
+        for number, call in enumerate(message.get("tool_calls") or []):
             function = call.get("function") or {}
             content.append(
                 {
                     "type": "tool_use",
-                    "id": call.get("id") or "",
+                    "id": call.get("id") or self._tool_id(number),
                     "name": function.get("name") or "",
                     "input": tool_input(function.get("arguments") or ""),
                 }
@@ -359,7 +379,7 @@ class EventGrammar:
         if data.get("index") != self.next_index or not isinstance(block, dict):
             raise violation("content_block_start out of index order.")
         kind = block.get("type")
-        if kind not in self._DELTAS:
+        if not isinstance(kind, str) or kind not in self._DELTAS:
             raise violation("An unknown content block type.")
         self.open = (self.next_index, kind)
         self.next_index += 1
@@ -384,8 +404,11 @@ class EventGrammar:
         delta, usage = data.get("delta"), data.get("usage")
         if not isinstance(delta, dict) or not isinstance(usage, dict):
             raise violation("message_delta without its delta and usage.")
-        if type(usage.get("output_tokens")) is not int:
+        tokens = usage.get("output_tokens")
+        if type(tokens) is not int or tokens < 0:
             raise violation("message_delta usage is malformed.")
+        if delta.get("stop_reason") not in _STOP_REASON_VALUES:
+            raise violation("message_delta carries an unknown stop_reason.")
         self.state = "delta"
 
     def _message_stop(self, data: dict[str, Any]) -> None:

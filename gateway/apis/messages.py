@@ -24,6 +24,7 @@ same validated message, in Anthropic form, to the worker's own
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from gateway.apis.base import (
@@ -78,7 +79,7 @@ REFUSED: dict[str, str] = {
         "truncate_sequence",
     )
 }
-_VERSION_CHARS = frozenset("0123456789-")
+_VERSION = re.compile(rb"\d{4}-\d{2}-\d{2}")
 _MAX_BETA_BYTES = 1024
 
 _CACHE = {"cache_control": harmless}
@@ -200,6 +201,7 @@ def _fields(with_max_tokens: bool) -> dict[str, Spec]:
         "thinking": _THINKING_CONFIG,
         "metadata": harmless,
         "service_tier": harmless,
+        "cache_control": harmless,
     }
     if with_max_tokens:
         fields["max_tokens"] = integer(ge=1)
@@ -219,8 +221,7 @@ def check_headers(headers: tuple[tuple[bytes, bytes], ...]) -> None:
     """``anthropic-version`` and ``anthropic-beta`` are accepted, never forwarded."""
     for name, value in headers:
         if name == b"anthropic-version":
-            text = value.decode("latin-1")
-            if len(text) != 10 or not set(text) <= _VERSION_CHARS or text[4] + text[7] != "--":
+            if not _VERSION.fullmatch(value):
                 raise GatewayError(
                     "invalid_request",
                     "anthropic-version must be a date (YYYY-MM-DD).",

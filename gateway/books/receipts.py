@@ -5,6 +5,11 @@ Rules:
   from the request's one ``finally``.
 - Receipts hold digests, sizes, counts and outcomes, never prompt text, media
   bytes, tokens or paths.
+- One receipt is one line for every reader (spec §21): :func:`receipt_line`
+  escapes U+2028, U+2029 and U+0085, which orjson leaves raw and which
+  ``str.splitlines()`` (and JavaScript) split on, and bounds ``subject`` (a
+  JWT's ``sub``, the caller's IdP's to choose) at :data:`MAX_SUBJECT_CHARS`,
+  lone surrogates (valid in a token's JSON, not in UTF-8) replaced by U+FFFD.
 
 :class:`ReceiptWriter` keeps writes off the event loop and never fails open:
 
@@ -37,6 +42,7 @@ import asyncio
 import errno
 import logging
 import os
+import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,7 +53,7 @@ import orjson
 
 from gateway.apis.usage import Usage
 
-__all__ = ["Receipt", "ReceiptWriter", "Usage"]
+__all__ = ["MAX_SUBJECT_CHARS", "Receipt", "ReceiptWriter", "Usage", "receipt_line"]
 
 log = logging.getLogger("gateway.receipts")
 
@@ -56,6 +62,19 @@ _LINGER_S = 0.005
 _BACKOFF_S = (0.05, 2.0)
 #: bytes per append: bounds one thread hop and keeps rotated files near their bound
 _BATCH_BYTES = 1 << 20
+#: the longest ``subject`` a receipt keeps, in characters (spec §21)
+MAX_SUBJECT_CHARS = 256
+#: what orjson writes raw inside strings that some readers take for a line end
+#: (U+2028, U+2029, U+0085 in UTF-8), and the JSON escape each becomes. In
+#: valid UTF-8 these byte sequences are those characters and nothing else
+#: (their lead bytes are never continuation bytes), and orjson writes non-ASCII
+#: only inside strings: replacing them leaves a JSON text of the same meaning.
+_LINE_BREAKS = (
+    (b"\xe2\x80\xa8", b"\\u2028"),
+    (b"\xe2\x80\xa9", b"\\u2029"),
+    (b"\xc2\x85", b"\\u0085"),
+)
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(slots=True)
@@ -69,6 +88,8 @@ class Receipt:
     route: str | None = None
     #: the worker that served the route (spec §16); serve_identity is that worker's
     upstream: str | None = None
+    #: the worker's own id of the answer; callers see the gateway's (spec §21)
+    upstream_id: str | None = None
     request_sha256: str | None = None
     request_bytes: int | None = None
     artifacts: list[dict[str, str]] = field(default_factory=list)
@@ -90,6 +111,20 @@ class Receipt:
     created: float = 0.0
     #: U+0000 characters replaced by U+FFFD in the streamed text (upstream.text_nul)
     nul_replaced: int = 0
+
+
+def receipt_line(receipt: Receipt) -> bytes:
+    """The receipt as one JSON line (newline included): ``subject`` bounded (on
+    the receipt itself), the line-break characters escaped."""
+    subject = receipt.subject
+    if len(subject) > MAX_SUBJECT_CHARS or not subject.isascii():
+        receipt.subject = _LONE_SURROGATE.sub("\ufffd", subject[:MAX_SUBJECT_CHARS])
+    # orjson writes dataclasses natively, fields in declaration order.
+    line = orjson.dumps(receipt)
+    if not line.isascii():  # one fast pass; most receipts are ASCII
+        for raw, escaped in _LINE_BREAKS:
+            line = line.replace(raw, escaped)
+    return line + b"\n"
 
 
 def _reason(exc: OSError) -> str:
@@ -161,8 +196,7 @@ class ReceiptWriter:
                     len(self._pending),
                 )
             return
-        # orjson writes dataclasses natively, fields in declaration order.
-        self._pending.append(orjson.dumps(receipt) + b"\n")
+        self._pending.append(receipt_line(receipt))
         self._changed()
         self._idle.clear()
         self._wakeup.set()

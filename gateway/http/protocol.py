@@ -17,6 +17,12 @@ Theory of operation (each limit closes one way a caller can hold the gateway):
   header is counted by the bytes received; exact to within one read). The
   same cap bounds what a body may carry besides body bytes (chunk-size lines,
   extensions, trailers). Over it: 431 ``headers_too_large``.
+- **Header count.** At most :attr:`LimitedHttpProtocol.max_header_fields`
+  (100, spec §21) fields in a message (trailers count too), counted as the
+  parser reports them: the next one is 431 ``headers_too_large`` before
+  uvicorn stores it, so a head of thousands of tiny fields (within the byte
+  cap) costs a hundred parser callbacks, not a scope the app then scans
+  (authentication, request ids, tracing) field by field.
 - **HTTP/1.1 only.** HTTP/1.0 (and 0.9) would get a chunked SSE stream it
   cannot parse: 505 ``http_version_not_supported``. Upgrades (h2c,
   WebSocket) are refused with 400: nothing here speaks them.
@@ -65,9 +71,12 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     header_timeout_s = 10.0
     body_timeout_s = 30.0
     max_header_bytes = 32_768
+    #: a fixed bound of the spec (§21), not a config key: no client needs more
+    max_header_fields = 100
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._fields = 0  # header (and trailer) fields of this message so far
         self._in_body = False  # a head is complete, its message is not
         self._begun = False  # a message has begun and its head is not complete
         self._received = 0  # bytes received towards the next head
@@ -127,6 +136,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._begun, self._head_size, self._message_done = True, 0, False
+        self._fields = 0
         if self._timer is None:
             self._arm_head_timer()
 
@@ -135,6 +145,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._fields += 1
+        if self._fields > self.max_header_fields:
+            self._stop("headers_too_large")
         self._count(len(name) + len(value) + 4)
         super().on_header(name, value)
 

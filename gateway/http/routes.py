@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway.core.errors import GatewayError
 from gateway.http.asgi import info_of, runtime_of, send_error, send_json, tenant_for
+from gateway.observe.exposition import exposition_of
 from gateway.types import Receive, Scope, Send
 
 
@@ -68,14 +69,19 @@ async def readyz(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 async def metrics(scope: Scope, receive: Receive, send: Send) -> None:
+    """The exposition, rendered off the event loop at a bounded rate
+    (``gateway/observe/exposition.py``, spec §21)."""
     rt = runtime_of(scope)
     info_of(scope).endpoint = "metrics"
-    payload = generate_latest(rt.metrics.registry)
+    payload = await exposition_of(rt.metrics.registry).render()
     await send(
         {
             "type": "http.response.start",
             "status": 200,
-            "headers": [(b"content-type", CONTENT_TYPE_LATEST.encode())],
+            "headers": [
+                (b"content-type", CONTENT_TYPE_LATEST.encode()),
+                (b"content-length", b"%d" % len(payload)),
+            ],
         }
     )
     await send({"type": "http.response.body", "body": payload})

@@ -9,7 +9,8 @@ within :data:`_WRITE_TIMEOUT_S` (a scraper that stops reading is cut: the
 exposition can be far larger than the socket buffers, and a write nobody
 reads would otherwise hold the connection and its copy of the payload forever).
 Anything else is 404 (405 for another method on the path); nothing here
-reads a body.
+reads a body. The exposition is rendered as on the main listener: off the
+event loop, at a bounded rate (``exposition.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+
+from gateway.observe.exposition import exposition_of
 
 log = logging.getLogger("gateway.metrics")
 
@@ -68,7 +71,7 @@ class MetricsListener:
         elif method != b"GET":
             await self._answer(writer, 405, b"text/plain", b"method not allowed\n")
         else:
-            body = generate_latest(self._registry)
+            body = await exposition_of(self._registry).render()
             await self._answer(writer, 200, CONTENT_TYPE_LATEST.encode(), body)
 
     async def _answer(

@@ -22,6 +22,11 @@ Theory of operation:
   ancestor is a writable directory.
 * Placeholder digests (``gateway.core.digests``) in every ``launch`` block and in
   policies' ``api_keys`` are warnings: well-formed, so never fatal.
+* A pinned worker that keeps a prefix cache (``launch.prefix_cache_n`` > 0)
+  for a route more than one tenant's policy names is a warning (spec §21):
+  a prefix another tenant sent shortens the time to first token, so a
+  tenant can test guesses at another's prompts. A worker without a
+  ``launch`` block is not known to ``check``.
 """
 
 from __future__ import annotations
@@ -332,6 +337,39 @@ def _policy_file(directory: Path, tenant: str) -> Path:
     return directory / f"{tenant}.yaml"
 
 
+# ------------------------------------------------------------------- sharing
+
+
+def prefix_cache_warnings(config: GatewayConfig, policies: PolicySet) -> list[Finding]:
+    """Routes of a worker with a prefix cache that more than one tenant's policy names."""
+    tenants_of: dict[str, set[str]] = {}
+    for name, tenant in policies.tenants.items():
+        for route in tenant.policy.models.values():
+            tenants_of.setdefault(route, set()).add(name)
+    if config.upstreams is not None:
+        workers = [(f"upstreams[{i}]", u) for i, u in enumerate(config.upstreams)]
+    else:
+        workers = [("upstream", u) for u in config.workers]
+    findings = []
+    for key, worker in workers:
+        launch = worker.launch
+        if launch is None or launch.prefix_cache_n == 0:
+            continue
+        for route in worker.served_routes:
+            tenants = sorted(tenants_of.get(route, ()))
+            if len(tenants) > 1:
+                findings.append(
+                    _warning(
+                        f"{key}.launch.prefix_cache_n",
+                        f"is {launch.prefix_cache_n} and route {route} is in the policies of "
+                        f"tenants {', '.join(tenants)}: a prefix one of them sent shortens the "
+                        "others' time to first token (set 0, or give each tenant its own "
+                        "worker)",
+                    )
+                )
+    return findings
+
+
 # ------------------------------------------------------------------- all
 
 
@@ -362,6 +400,7 @@ def load_checked(path: Path, env: Mapping[str, str]) -> Checked:
             errors += exc.errors
     if policies is not None:
         warnings += [str(f) for f in policy_digest_warnings(policies, config.policies_dir)]
+        warnings += [str(f) for f in prefix_cache_warnings(config, policies)]
     loaded = None
     if policies is not None and not errors:
         loaded = Loaded(config, policies, path, tuple(warnings))

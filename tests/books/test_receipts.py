@@ -9,7 +9,7 @@ from pathlib import Path
 
 import orjson
 
-from gateway.books.receipts import Receipt, ReceiptWriter, Usage
+from gateway.books.receipts import MAX_SUBJECT_CHARS, Receipt, ReceiptWriter, Usage, receipt_line
 from tests.support.poll import eventually_async
 from tests.support.tmpfs import fill, free, small_fs
 
@@ -201,3 +201,52 @@ async def test_reopen_follows_an_external_rotation(tmp_path: Path) -> None:
     await writer.aclose(5)
     assert _ids(tmp_path / "receipts.jsonl.old") == ["req-1"]
     assert _ids(path) == ["req-2"]
+
+
+# -- one receipt, one line (spec §21) -------------------------------------------
+
+#: characters str.splitlines() (and JavaScript) end a line at, which orjson leaves raw
+_SEPARATORS = "\u2028\u2029\x85"
+
+
+async def test_line_separators_are_escaped_and_the_subject_bounded(tmp_path: Path) -> None:
+    path = tmp_path / "receipts.jsonl"
+    writer = ReceiptWriter(path)
+    await writer.start()
+    hostile = f"a{_SEPARATORS}b\ud800" + "x" * 12_000
+    first = _receipt(1)
+    first.subject = hostile
+    first.finish_reason = f"stop{_SEPARATORS}"  # any string field, not only the subject
+    first.usage = Usage(1, 2, 3, "reported", {f"k{_SEPARATORS}": [f"v{_SEPARATORS}"]})
+    writer.write(first)
+    writer.write(_receipt(2))
+    await writer.aclose(5)
+    data = path.read_bytes()
+    for raw in (b"\xe2\x80\xa8", b"\xe2\x80\xa9", b"\xc2\x85"):
+        assert raw not in data
+    lines = data.decode().splitlines()
+    assert len(lines) == 2, "every reader sees one line per receipt"
+    parsed = [json.loads(line) for line in lines]
+    assert [r["request_id"] for r in parsed] == ["req-1", "req-2"]
+    # Escaped, not dropped: the JSON means what the receipt held (a lone
+    # surrogate, which no UTF-8 line can carry, became U+FFFD).
+    assert parsed[0]["subject"] == hostile[:256].replace("\ud800", "\ufffd")
+    assert len(parsed[0]["subject"]) == 256
+    assert parsed[0]["finish_reason"] == f"stop{_SEPARATORS}"
+    assert parsed[0]["usage"]["reported"] == {f"k{_SEPARATORS}": [f"v{_SEPARATORS}"]}
+    assert orjson.loads(lines[0]) == parsed[0]
+
+
+def test_a_line_of_plain_text_is_orjson_unchanged() -> None:
+    receipt = _receipt(3)
+    receipt.subject = "user-é-1"  # non-ASCII, nothing to escape
+    assert receipt_line(receipt) == orjson.dumps(receipt) + b"\n"
+    assert receipt_line(_receipt(4)) == orjson.dumps(_receipt(4)) + b"\n"
+
+
+def test_a_subject_at_the_bound_is_kept_whole() -> None:
+    receipt = _receipt(5)
+    receipt.subject = "s" * MAX_SUBJECT_CHARS
+    assert json.loads(receipt_line(receipt))["subject"] == "s" * MAX_SUBJECT_CHARS
+    receipt.subject = "s" * (MAX_SUBJECT_CHARS + 1)
+    assert json.loads(receipt_line(receipt))["subject"] == "s" * MAX_SUBJECT_CHARS

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,7 +14,10 @@ import pytest
 
 from gateway.apis.message_events import EventGrammar
 from gateway.testing.harness import DEMO_SECRET_ENV, SIM_ROUTE
+from tests.support.anthropic import check_grammar, check_sdk_types
+from tests.support.evidence import PNG, decoded, no_leases, staged
 from tests.support.jwt import HS_SECRET
+from tests.support.poll import eventually
 from tests.support.stack import Stack, running_stack, worker_posts
 
 ENDPOINTS = ["chat.completions", "messages", "models"]
@@ -288,3 +293,409 @@ def test_a_worker_fault_mid_stream_ends_with_one_error_event(stack: Stack) -> No
     assert error["type"] == "error" and error["error"]["type"] == "api_error"
     receipt = stack.receipt(response.headers["x-request-id"])
     assert receipt["outcome"] in ("incomplete", "protocol_error")
+
+
+# ---------------------------------------------------------------- a second stack
+#
+# Fast worker timeouts (hang faults in about a second), a token budget to read
+# the reservation from, evidence uploads, and a tenant with two requests a minute.
+
+FAST = {
+    "first_event_timeout_s": 0.6,
+    "idle_timeout_s": 0.6,
+    "total_timeout_s": 5,
+    "max_line_bytes": 65_536,
+}
+TOKENS_PER_MINUTE = 100_000
+
+
+@pytest.fixture(scope="module")
+def fast(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    mp = pytest.MonkeyPatch()
+    mp.setenv(DEMO_SECRET_ENV, HS_SECRET)
+    acme = {
+        "endpoints": [*ENDPOINTS, "evidence"],
+        "limits": {
+            "max_output_tokens": 512,
+            "requests_per_minute": 6000,
+            "tokens_per_minute": TOKENS_PER_MINUTE,
+        },
+    }
+    globex = {"endpoints": ["messages"], "limits": {"requests_per_minute": 2}}
+    try:
+        with running_stack(
+            tmp_path_factory.mktemp("messages-fast"), acme=acme, globex=globex, upstream=FAST
+        ) as running:
+            yield running
+    finally:
+        mp.undo()
+
+
+def _user(*blocks: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": list(blocks)}]
+
+
+def _last_chat(stack: Stack) -> dict[str, Any]:
+    seen = [p for p in worker_posts(stack.sim) if p.path == "/v1/chat/completions"][-1]
+    assert isinstance(seen.json, dict)
+    return seen.json
+
+
+# ---------------------------------------------------------------- count_tokens
+
+
+def test_count_tokens_with_the_sdk_is_the_workers_count(stack: Stack) -> None:
+    messages: Any = [{"role": "user", "content": "How many tokens is this?"}]
+    with _client(stack) as client:
+        raw = client.messages.with_raw_response.count_tokens(
+            model="gemma-4-mm", system="Count.", messages=messages
+        )
+        counted = raw.parse()
+        created = client.messages.create(
+            model="gemma-4-mm", max_tokens=4, system="Count.", messages=messages
+        )
+    assert counted.input_tokens > 0
+    # The simulator estimates a prompt the same way on both routes.
+    assert counted.input_tokens == created.usage.input_tokens
+    [seen] = [p for p in worker_posts(stack.sim) if p.path == "/v1/messages/count_tokens"][-1:]
+    assert seen.json == {
+        "model": SIM_ROUTE,
+        "system": "Count.",
+        "messages": [{"role": "user", "content": "How many tokens is this?"}],
+    }
+    assert not any(k.startswith("anthropic") or k == "x-api-key" for k in seen.headers)
+    receipt = stack.receipt(raw.headers["x-request-id"])
+    assert receipt["endpoint"] == "messages.count_tokens"
+    assert (receipt["outcome"], receipt["error_code"]) == ("complete", None)
+    assert receipt["usage"]["prompt_tokens"] == counted.input_tokens
+    assert receipt["usage"]["completion_tokens"] == 0
+
+
+def test_count_tokens_bills_no_tokens(fast: Stack) -> None:
+    messages: Any = [{"role": "user", "content": "x" * 400}]
+    with _client(fast) as client:
+        first = client.messages.with_raw_response.count_tokens(
+            model="gemma-4-mm", messages=messages
+        )
+        second = client.messages.with_raw_response.count_tokens(
+            model="gemma-4-mm", messages=messages
+        )
+        spent = client.messages.with_raw_response.create(
+            model="gemma-4-mm", max_tokens=300, messages=messages
+        )
+        third = client.messages.with_raw_response.count_tokens(
+            model="gemma-4-mm", messages=messages
+        )
+
+    def remaining(response: Any) -> int:
+        return int(response.headers["x-ratelimit-remaining-tokens"])
+
+    assert first.headers["x-ratelimit-limit-tokens"] == str(TOKENS_PER_MINUTE)
+    # A count reserves nothing (the bucket only refills between them) ...
+    assert remaining(second) >= remaining(first)
+    # ... while a message reserves max_tokens and its prompt before it is sent,
+    assert remaining(spent) <= remaining(second) - 300
+    # and settles what it used: the next count sees only that.
+    used = spent.parse().usage
+    assert remaining(third) >= remaining(second) - used.input_tokens - used.output_tokens
+    for response in (first, second, third):
+        receipt = fast.receipt(response.headers["x-request-id"])
+        assert receipt["endpoint"] == "messages.count_tokens"
+        assert receipt["outcome"] == "complete"
+
+
+def test_count_tokens_refuses_max_tokens(stack: Stack) -> None:
+    before = len(worker_posts(stack.sim))
+    with _client(stack) as client, pytest.raises(anthropic.BadRequestError) as raised:
+        client.messages.count_tokens(
+            model="gemma-4-mm",
+            messages=[{"role": "user", "content": "x"}],
+            extra_body={"max_tokens": 16},
+        )
+    error = raised.value.body["error"]  # type: ignore[index]
+    assert error["type"] == "invalid_request_error"
+    assert (error["code"], error["param"]) == ("unsupported_field", "max_tokens")
+    assert len(worker_posts(stack.sim)) == before
+
+
+@pytest.mark.parametrize("fault", ["bad_body", "bad_count", "extra_field"])
+def test_a_malformed_count_is_a_protocol_error(stack: Stack, fault: str) -> None:
+    with _client(stack) as client, pytest.raises(anthropic.InternalServerError) as raised:
+        client.messages.with_raw_response.count_tokens(
+            model="gemma-4-mm", messages=[{"role": "user", "content": f"[[sim fault={fault}]]"}]
+        )
+    assert raised.value.status_code == 502
+    body = raised.value.body
+    assert isinstance(body, dict) and body["type"] == "error"
+    assert body["error"] == {
+        **body["error"],
+        "type": "api_error",
+        "code": "upstream_protocol_error",
+    }
+    receipt = stack.receipt(raised.value.response.headers["x-request-id"])
+    assert (receipt["endpoint"], receipt["outcome"]) == ("messages.count_tokens", "protocol_error")
+
+
+# ---------------------------------------------------------------- images
+
+
+def test_an_evidence_image_reaches_the_worker_as_verified_bytes(fast: Stack) -> None:
+    record = staged(fast, PNG, "image/png")
+    image = {"type": "image", "source": {"type": "url", "url": f"evidence:{record['id']}"}}
+    with _client(fast) as client:
+        message = client.messages.create(
+            model="gemma-4-mm",
+            max_tokens=8,
+            messages=_user(image, {"type": "text", "text": "What is in it?"}),
+        )
+        counted = client.messages.count_tokens(
+            model="gemma-4-mm", messages=_user(image, {"type": "text", "text": "What is in it?"})
+        )
+    assert message.stop_reason == "max_tokens" and counted.input_tokens > 0
+    parts = _last_chat(fast)["messages"][0]["content"]
+    assert [p["type"] for p in parts] == ["image_url", "text"]
+    media_type, data = decoded(parts[0]["image_url"]["url"])
+    assert (media_type, data) == ("image/png", PNG)
+    seen = [p for p in worker_posts(fast.sim) if p.path == "/v1/messages/count_tokens"][-1]
+    assert isinstance(seen.json, dict)
+    source = seen.json["messages"][0]["content"][0]["source"]
+    assert source["type"] == "url" and decoded(source["url"]) == ("image/png", PNG)
+    for post in worker_posts(fast.sim):
+        assert b"evidence:" not in post.body and b"https://" not in post.body
+    assert no_leases(fast)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        {"type": "url", "url": "https://example.com/cat.png"},
+        {"type": "url", "url": "http://127.0.0.1:8080/v1/models"},
+        {"type": "url", "url": "file:///etc/passwd"},
+        {"type": "base64", "media_type": "image/png", "data": base64.b64encode(PNG).decode()},
+    ],
+    ids=["https", "loopback", "file", "base64"],
+)
+@pytest.mark.parametrize("path", ["messages", "count_tokens"])
+def test_caller_urls_and_inline_data_are_refused_by_default(
+    stack: Stack, source: dict[str, Any], path: str
+) -> None:
+    before = len(worker_posts(stack.sim))
+    messages: Any = _user({"type": "image", "source": source}, {"type": "text", "text": "x"})
+    with _client(stack) as client, pytest.raises(anthropic.BadRequestError) as raised:
+        if path == "messages":
+            client.messages.create(model="gemma-4-mm", max_tokens=8, messages=messages)
+        else:
+            client.messages.count_tokens(model="gemma-4-mm", messages=messages)
+    error = raised.value.body["error"]  # type: ignore[index]
+    assert error["code"] == "caller_url_forbidden"
+    assert error["param"] == "messages[0].content[0].source"
+    assert len(worker_posts(stack.sim)) == before
+
+
+# ---------------------------------------------------------------- thinking
+
+
+def test_an_assistant_thinking_block_is_forwarded_as_reasoning_content(stack: Stack) -> None:
+    with _client(stack) as client:
+        client.messages.create(
+            model="gemma-4-mm",
+            max_tokens=8,
+            thinking={"type": "enabled", "budget_tokens": 1024},
+            messages=[
+                {"role": "user", "content": "2+2?"},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "thinking", "thinking": "Add them.", "signature": "sig"},
+                        {"type": "redacted_thinking", "data": "opaque"},
+                        {"type": "text", "text": "4"},
+                    ],
+                },
+                {"role": "user", "content": "And 3+3?"},
+            ],
+        )
+    seen = _last_chat(stack)
+    assert seen["messages"][1] == {
+        "role": "assistant",
+        "content": "4",
+        "reasoning_content": "Add them.",
+    }
+    assert seen["enable_thinking"] is True
+    assert "sig" not in json.dumps(seen) and "opaque" not in json.dumps(seen)
+
+
+def test_worker_reasoning_becomes_a_thinking_block(stack: Stack) -> None:
+    prompt = [{"role": "user", "content": "[[sim chunks=2 reasoning=3]] think"}]
+    with _client(stack) as client:
+        answer = client.messages.create(model="gemma-4-mm", max_tokens=16, messages=prompt)
+        with client.messages.stream(model="gemma-4-mm", max_tokens=16, messages=prompt) as s:
+            streamed = s.get_final_message()
+    for message in (answer, streamed):
+        assert [b.type for b in message.content] == ["thinking", "text"]
+        thinking = message.content[0]
+        assert thinking.type == "thinking"
+        assert thinking.thinking == "sim-thinking-0 sim-thinking-1 sim-thinking-2 "
+        assert message.usage.output_tokens == 5
+    assert streamed.content[1].type == "text"
+    assert streamed.content[1].text == "sim-token-0 sim-token-1 "
+    response = httpx.post(
+        stack.url + "/v1/messages",
+        json={"model": "gemma-4-mm", "max_tokens": 16, "stream": True, "messages": prompt},
+        headers={"x-api-key": stack.rs256()},
+        timeout=10,
+    )
+    events = _sse_events(response.text)
+    check_grammar(events)
+    check_sdk_types(events)
+    starts = [d["content_block"]["type"] for n, d in events if n == "content_block_start"]
+    assert starts == ["thinking", "text"]
+
+
+# ---------------------------------------------------------------- worker faults
+
+# fault -> (error code, receipt outcome, "event" = one final error event on a
+# stream whose first event passed, "head" = an HTTP error before any byte).
+# A worker Anthropic caller is served from its chat stream, so these are chat's.
+STREAM_FAULTS: dict[str, tuple[str, str, str]] = {
+    "missing_done": ("upstream_unavailable", "incomplete", "event"),
+    "close_mid": ("upstream_unavailable", "incomplete", "event"),
+    "error_json": ("upstream_error", "upstream_error", "event"),
+    "error_raw": ("upstream_error", "upstream_error", "event"),
+    "error_first": ("upstream_error", "upstream_error", "head"),
+    "id_change": ("upstream_protocol_error", "protocol_error", "event"),
+    "created_change": ("upstream_protocol_error", "protocol_error", "event"),
+    "model_change": ("upstream_protocol_error", "protocol_error", "event"),
+    "two_choices": ("upstream_protocol_error", "protocol_error", "head"),
+    "role_change": ("upstream_protocol_error", "protocol_error", "event"),
+    "usage_early": ("upstream_protocol_error", "protocol_error", "head"),
+    "bad_usage": ("upstream_protocol_error", "protocol_error", "event"),
+    "too_many_tokens": ("upstream_protocol_error", "protocol_error", "event"),
+    "bad_finish": ("upstream_protocol_error", "protocol_error", "event"),
+    "named_event": ("upstream_protocol_error", "protocol_error", "event"),
+    "after_done": ("upstream_protocol_error", "protocol_error", "event"),
+    "invalid_utf8": ("upstream_protocol_error", "protocol_error", "event"),
+    "json_body": ("upstream_protocol_error", "protocol_error", "head"),
+    "wrong_content_type": ("upstream_protocol_error", "protocol_error", "head"),
+    "gzip": ("upstream_protocol_error", "protocol_error", "head"),
+    "redirect": ("upstream_protocol_error", "protocol_error", "head"),
+    "wrong_request_id": ("upstream_protocol_error", "protocol_error", "head"),
+    "endless_line": ("upstream_protocol_error", "protocol_error", "head"),
+    "huge_headers": ("upstream_protocol_error", "protocol_error", "head"),
+    "hang": ("upstream_timeout", "incomplete", "head"),
+    "hang_headers": ("upstream_timeout", "incomplete", "head"),
+    "hang_mid": ("upstream_timeout", "incomplete", "event"),
+}
+STATUS = {
+    "upstream_error": 502,
+    "upstream_protocol_error": 502,
+    "upstream_unavailable": 502,
+    "upstream_timeout": 504,
+}
+
+
+def test_the_fault_table_covers_every_chat_fault_but_the_harmless() -> None:
+    from gateway.testing.simulator import FAULTS
+
+    assert set(STREAM_FAULTS) == FAULTS - {"nul_text", "no_request_id"}
+
+
+@pytest.mark.parametrize("fault", sorted(STREAM_FAULTS))
+def test_every_chat_fault_ends_a_stream_with_one_error_event(fast: Stack, fault: str) -> None:
+    code, outcome, column = STREAM_FAULTS[fault]
+    body = {
+        "model": "gemma-4-mm",
+        "max_tokens": 16,
+        "stream": True,
+        "messages": [{"role": "user", "content": f"go [[sim fault={fault} chunks=6]]"}],
+    }
+    response = httpx.post(
+        fast.url + "/v1/messages", json=body, headers={"x-api-key": fast.rs256()}, timeout=10
+    )
+    if column == "head":
+        assert response.status_code == STATUS[code]
+        error = response.json()
+        assert error["type"] == "error"
+    else:
+        assert response.status_code == 200
+        events = _sse_events(response.text)
+        names = [n for n, _ in events]
+        assert names.count("error") == 1 and names[-1] == "error"
+        assert "message_stop" not in names and "[DONE]" not in response.text
+        assert names[0] == "message_start"
+        # everything before the error is a valid prefix of an Anthropic stream
+        grammar = EventGrammar()
+        for name, data in events[:-1]:
+            grammar.feed(name, data)
+        error = events[-1][1]
+    assert error["error"]["type"] == "api_error"
+    assert error["error"]["code"] == code
+    receipt = fast.receipt(response.headers["x-request-id"])
+    assert (receipt["outcome"], receipt["error_code"]) == (outcome, code)
+    assert receipt["endpoint"] == "messages"
+    assert receipt["usage"]["source"] in ("reported", "estimated")
+
+
+def test_nul_from_the_worker_is_replaced_not_an_error(fast: Stack) -> None:
+    prompt = [{"role": "user", "content": "[[sim fault=nul_text chunks=4]]"}]
+    with (
+        _client(fast) as client,
+        client.messages.stream(model="gemma-4-mm", max_tokens=16, messages=prompt) as stream,
+    ):
+        text = "".join(stream.text_stream)
+    assert "\x00" not in text and "\ufffd" in text
+
+
+# ---------------------------------------------------------------- SDK error classes
+
+
+def test_429_is_the_sdks_rate_limit_error_with_retry_after(fast: Stack) -> None:
+    token = fast.rs256(tenant="globex")
+    prompt: Any = [{"role": "user", "content": "x"}]
+    with _client(fast, token=token) as client:
+        for _ in range(2):
+            client.messages.create(model="gemma-4-mm", max_tokens=4, messages=prompt)
+        with pytest.raises(anthropic.RateLimitError) as raised:
+            client.messages.create(model="gemma-4-mm", max_tokens=4, messages=prompt)
+        with pytest.raises(anthropic.RateLimitError):
+            client.messages.count_tokens(model="gemma-4-mm", messages=prompt)
+    assert raised.value.status_code == 429
+    assert int(raised.value.response.headers["retry-after"]) >= 1
+    error = raised.value.body["error"]  # type: ignore[index]
+    assert (error["type"], error["code"]) == ("rate_limit_error", "rate_limited")
+
+
+def test_403_is_the_sdks_permission_error_without_the_endpoint(stack: Stack) -> None:
+    before = len(worker_posts(stack.sim))
+    prompt: Any = [{"role": "user", "content": "x"}]
+    with _client(stack, token=stack.rs256(tenant="globex")) as client:
+        with pytest.raises(anthropic.PermissionDeniedError) as raised:
+            client.messages.create(model="gemma-4-mm", max_tokens=4, messages=prompt)
+        with pytest.raises(anthropic.PermissionDeniedError):
+            client.messages.count_tokens(model="gemma-4-mm", messages=prompt)
+    error = raised.value.body["error"]  # type: ignore[index]
+    assert (error["type"], error["code"]) == ("permission_error", "endpoint_not_allowed")
+    assert len(worker_posts(stack.sim)) == before
+
+
+def test_503_is_the_sdks_internal_server_error_while_the_worker_is_not_ready(
+    fast: Stack,
+) -> None:
+    prompt: Any = [{"role": "user", "content": "x"}]
+
+    def ready() -> int:
+        return httpx.get(fast.url + "/readyz", timeout=5).status_code
+
+    fast.sim.set_model_status("unloaded")
+    try:
+        assert eventually(lambda: ready() == 503)
+        with _client(fast) as client:
+            with pytest.raises(anthropic.InternalServerError) as raised:
+                client.messages.create(model="gemma-4-mm", max_tokens=4, messages=prompt)
+            with pytest.raises(anthropic.InternalServerError):
+                client.messages.count_tokens(model="gemma-4-mm", messages=prompt)
+    finally:
+        fast.sim.set_model_status("loaded")
+        assert eventually(lambda: ready() == 200)
+    assert raised.value.status_code == 503
+    error = raised.value.body["error"]  # type: ignore[index]
+    assert (error["type"], error["code"]) == ("api_error", "upstream_not_ready")

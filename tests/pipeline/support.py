@@ -194,7 +194,20 @@ class FakeResponses:
     async def alias(self, tenant: str, response_id: str) -> str | None:
         return self.owned.get((tenant, response_id))
 
-    def note(self, tenant: str, response_id: str, alias: str, body: bytes | None) -> None:
+    async def entry(
+        self, tenant: str, response_id: str
+    ) -> tuple[str, bytes | None, str | None] | None:
+        alias = self.owned.get((tenant, response_id))
+        return None if alias is None else (alias, None, None)
+
+    def note(
+        self,
+        tenant: str,
+        response_id: str,
+        alias: str,
+        body: bytes | None,
+        upstream_id: str | None = None,
+    ) -> None:
         self.noted.append((tenant, response_id, alias, body))
 
 

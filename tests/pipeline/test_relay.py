@@ -17,6 +17,7 @@ import pytest
 
 from gateway.apis.base import Dialect, Plan, Report, StreamBounds
 from gateway.apis.chat import ChatApi
+from gateway.apis.usage import counts_only
 from gateway.core.errors import GatewayError
 from gateway.core.sse import NEED_DATA, NeedData
 from gateway.pipeline.cancel import CallerStalled
@@ -41,7 +42,13 @@ def _relay(
     abort: Any = None,
 ) -> Relay:
     dialect = ChatApi().dialect(plan or chat_plan(), StreamBounds(), collect=collect)
+    # Pinned: the gateway's id is random per request (spec §21), the relay's
+    # byte-for-byte checks need one they can write down.
+    dialect.id = GATEWAY_ID  # type: ignore[attr-defined]
     return Relay(dialect, timeouts=timeouts, response_headers=HEADERS, abort=abort)
+
+
+GATEWAY_ID = "chatcmpl-test"
 
 
 def _expected_frames(raw: bytes, *, include_usage: bool = True) -> list[bytes]:
@@ -56,9 +63,12 @@ def _expected_frames(raw: bytes, *, include_usage: bool = True) -> list[bytes]:
             frames.append(KEEPALIVE_FRAME)
             continue
         data = orjson.loads(block.removeprefix(b"data: "))
+        data["id"] = GATEWAY_ID
         data["model"] = ALIAS
         if not include_usage:
             data.pop("usage", None)
+        elif data.get("usage"):
+            data["usage"] = counts_only(data["usage"])
         frames.append(b"data: " + orjson.dumps(data) + b"\n\n")
     return frames
 
@@ -368,7 +378,8 @@ async def test_a_send_blocked_past_the_deadline_is_caller_stalled() -> None:
             await relay.stream_to(upstream.opener(), caller.send)
     # No error frame is attempted at a caller that does not read.
     assert len(caller.messages) == 2
-    assert caller.bodies == [b"data: " + orjson.dumps({**chunk("a"), "model": ALIAS}) + b"\n\n"]
+    frame = {**chunk("a"), "id": GATEWAY_ID, "model": ALIAS}
+    assert caller.bodies == [b"data: " + orjson.dumps(frame) + b"\n\n"]
     assert not relay.state.finished
 
 

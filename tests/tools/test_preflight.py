@@ -399,3 +399,117 @@ def test_config_fixture_still_checks(tmp_path: Path) -> None:
     config = yaml.safe_load((REPO / "fixtures" / "config" / "gateway.yaml").read_text())
     assert config["auth"]["issuers"][0]["jwks_file"] == "../keys/jwks.json"
     assert main(["check", "--config", str(REPO / "fixtures" / "config" / "gateway.yaml")]) == 0
+
+
+# ------------------------------------------------ a prefix cache shared (spec §21)
+
+_CHAT = "9f2b6c1d4e8a7035b1c2d3e4f5a6b7c8d9e0f1a2b3c4d5e6f7a8b9c0d1e2f3a4"
+_EMBED = "4c7e1a9b2d5f8036e9a1b4c7d0e3f6a9b2c5d8e1f4a7b0c3d6e9f2a5b8c1d4e7"
+
+
+def _launch(bundle: str, port: int, prefix_cache_n: int) -> dict[str, Any]:
+    return {
+        "version": "0.9.2",
+        "binary_sha256": "b30e5a82b8aa61ebb10bf9e1f432983776af141dcabe19cb431a6e8572e1a139",
+        "model_public_id": "org/model",
+        "model_revision": "1f0e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c",
+        "model_bundle_sha256": bundle,
+        "model_dir": f"/srv/mosaic-models/{bundle}",
+        "port": port,
+        "prefix_cache_n": prefix_cache_n,
+    }
+
+
+def _shared_workers(
+    tmp_path: Path, chat_cache: int, embed_cache: int, *, globex_chats: bool
+) -> Path:
+    chat, embed = f"/srv/mosaic-models/{_CHAT}", f"/srv/mosaic-models/{_EMBED}"
+    globex_models = {"chat": chat, "embed": embed} if globex_chats else {"embed": embed}
+    return write_config(
+        tmp_path,
+        upstream_port=1234,
+        policies={
+            "acme": default_policy("acme", models={"chat": chat, "embed": embed}),
+            "globex": default_policy("globex", models=globex_models),
+            "initech": default_policy("initech", models={"chat-too": chat}),
+        },
+        issuers=issuers(),
+        upstreams=[
+            {
+                "name": "chat",
+                "base_url": "http://127.0.0.1:1234",
+                "routes": [chat],
+                "launch": _launch(_CHAT, 1234, chat_cache),
+            },
+            {
+                "name": "embed",
+                "base_url": "http://127.0.0.1:1235",
+                "routes": [embed],
+                "launch": _launch(_EMBED, 1235, embed_cache),
+            },
+        ],
+    )
+
+
+def _prefix_warnings(config: Path, capsys: pytest.CaptureFixture[str]) -> list[str]:
+    assert main(["check", "--config", str(config)]) == 0  # a warning, never fatal
+    out = capsys.readouterr().out
+    return [line for line in out.splitlines() if "prefix_cache_n" in line]
+
+
+def test_check_warns_when_tenants_share_a_prefix_cache(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _shared_workers(tmp_path, 16, 0, globex_chats=False)
+    # acme and initech name the chat route (under their own aliases); globex
+    # shares only the embedding worker, which keeps no prefix cache.
+    assert _prefix_warnings(config, capsys) == [
+        f"warning: upstreams[0].launch.prefix_cache_n: is 16 and route /srv/mosaic-models/{_CHAT}"
+        " is in the policies of tenants acme, initech: a prefix one of them sent shortens the"
+        " others' time to first token (set 0, or give each tenant its own worker)"
+    ]
+
+
+def test_check_names_every_shared_cache_and_only_those(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    warned = _prefix_warnings(_shared_workers(tmp_path, 4, 2, globex_chats=True), capsys)
+    assert len(warned) == 2
+    assert "upstreams[0].launch.prefix_cache_n: is 4 " in warned[0]
+    assert "tenants acme, globex, initech:" in warned[0]
+    assert "upstreams[1].launch.prefix_cache_n: is 2 " in warned[1]
+    assert "tenants acme, globex:" in warned[1]
+    # No prefix cache, no warning, however many tenants share the worker.
+    assert (
+        _prefix_warnings(_shared_workers(tmp_path / "off", 0, 0, globex_chats=True), capsys) == []
+    )
+
+
+def test_one_tenant_per_cached_route_is_not_warned(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    route = f"/srv/mosaic-models/{_CHAT}"
+    config = write_config(
+        tmp_path,
+        upstream_port=1234,
+        policies={
+            "acme": default_policy("acme", models={"chat": route}),
+            "globex": default_policy("globex", models={}),
+        },
+        issuers=issuers(),
+        upstream={"route": route, "launch": _launch(_CHAT, 1234, 16)},
+    )
+    assert _prefix_warnings(config, capsys) == []
+    # The one-worker form is named as such when it is shared.
+    config = write_config(
+        tmp_path,
+        upstream_port=1234,
+        policies={
+            "acme": default_policy("acme", models={"chat": route}),
+            "globex": default_policy("globex", models={"mine": route}),
+        },
+        issuers=issuers(),
+        upstream={"route": route, "launch": _launch(_CHAT, 1234, 16)},
+    )
+    (warning,) = _prefix_warnings(config, capsys)
+    assert warning.startswith("warning: upstream.launch.prefix_cache_n: is 16 and route ")

@@ -8,18 +8,21 @@ the project's reference (``mistralrs-http.md``) and source findings
 chat and completion SSE chunk bytes (key order, nulls, usage on the terminal
 chunk only, ``[DONE]``), the Responses API's named events, resources and
 store (``/v1/responses``, ``GET``/``DELETE /v1/responses/{id}``, cancel),
-embeddings, keep-alive comments, error bodies and ``x-request-id``.
+the Anthropic Messages API (``/v1/messages`` events and ``ping``s,
+``/v1/messages/count_tokens``), embeddings, keep-alive comments, error
+bodies and ``x-request-id``.
 
 Modules: knobs.py (knobs, directives, fault sets), plans.py (step types, the
 shared envelope and its faults), chat.py / responses.py (+ responses_input.py)
-/ embeddings.py (one dialect each, pure), routes.py (the served models),
-store.py (the Responses store), state.py (shared state and the recorded
-requests), handlers.py (one handler per route), channel.py (the parsed request
-and what the core needs of a connection), core.py (recording, routing,
-playing), transport.py (the connection), server.py (``Simulator`` and the
-CLI). No module imports one that imports it back, not even for type
-checking: the core names the connection only as a ``channel.Channel``, and
-handlers take the ``state.State`` that core.py and server.py share.
+/ messages.py (+ messages_input.py) / embeddings.py (one dialect each, pure),
+routes.py (the served models), store.py (the Responses store), state.py
+(shared state and the recorded requests), handlers.py (one handler per
+route), channel.py (the parsed request and what the core needs of a
+connection), core.py (recording, routing, playing), transport.py (the
+connection), server.py (``Simulator`` and the CLI). No module imports one
+that imports it back, not even for type checking: the core names the
+connection only as a ``channel.Channel``, and handlers take the
+``state.State`` that core.py and server.py share.
 
 Theory of operation
 -------------------
@@ -34,10 +37,11 @@ Theory of operation
   flow control. Faults are only different plans.
 * Knobs come from constructor defaults, overridden per request by a
   ``[[sim key=value ...]]`` directive in the last user message (the
-  completion ``prompt``; the Responses string input or last user item; any
-  embeddings string input) unless ``directives=False``. Unknown keys, bad
-  values, or a fault the route does not implement answer 400
-  ``simulator: ...`` so a typo never passes silently.
+  completion ``prompt``; the Responses string input or last user item; the
+  last Anthropic user turn with text; any embeddings string input) unless
+  ``directives=False``. Unknown keys, bad values, or a fault the route does
+  not implement answer 400 ``simulator: ...`` so a typo never passes
+  silently.
 * Several routes: ``Simulator(model_ids=[a, b])`` serves each (the first is
   ``default``); a request's ``model`` picks its route, and every inference,
   Responses or embeddings request records the ``model`` it named.
@@ -53,9 +57,11 @@ Theory of operation
 """
 
 from gateway.testing.simulator.knobs import (
+    COUNT_TOKENS_FAULTS,
     DEFAULT_MODEL_ID,
     EMBEDDINGS_FAULTS,
     FAULTS,
+    MESSAGES_FAULTS,
     RESPONSES_FAULTS,
     SimKnobs,
 )
@@ -63,9 +69,11 @@ from gateway.testing.simulator.server import Simulator, main
 from gateway.testing.simulator.state import SimRequest
 
 __all__ = [
+    "COUNT_TOKENS_FAULTS",
     "DEFAULT_MODEL_ID",
     "EMBEDDINGS_FAULTS",
     "FAULTS",
+    "MESSAGES_FAULTS",
     "RESPONSES_FAULTS",
     "SimKnobs",
     "SimRequest",

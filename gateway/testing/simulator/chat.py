@@ -13,6 +13,11 @@ FF FE in the text), ``usage_early`` (usage on the first chunk), ``bad_usage``
 ``max_tokens``), ``bad_finish`` (``content_filter``), ``named_event`` (an
 agentic named event), ``after_done`` (a chunk after ``[DONE]``), ``hang_mid``
 (silence after half), and the envelope's (see :func:`plans.envelope`).
+
+The ``reasoning`` knob puts that many chunks carrying ``reasoning_content``
+(``content: null``) before the text chunks, as a reasoning parser streams
+them (they count as completion tokens; the non-streamed message carries
+them as ``reasoning_content``).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from gateway.testing.simulator.plans import (
     Envelope,
     Op,
     Pause,
+    Shape,
     SseBody,
     Step,
     StoreCommit,
@@ -39,6 +45,8 @@ from gateway.testing.simulator.plans import (
     dump,
     envelope,
     mid_fault,
+    reasoning_text,
+    shape,
     token_text,
 )
 
@@ -69,13 +77,9 @@ class Ctx:
         return str(self.number)
 
 
-def _shape(ctx: Ctx) -> tuple[int, str]:
-    """(content chunks, finish reason). Hitting max_tokens wins over everything."""
-    count = ctx.knobs.chunks
-    finish = "tool_calls" if ctx.knobs.tool_call else ctx.knobs.finish
-    if ctx.max_tokens is not None and count >= ctx.max_tokens:
-        return ctx.max_tokens, "length"
-    return count, finish
+def _shape(ctx: Ctx) -> Shape:
+    """Hitting max_tokens wins over everything; completions stream no reasoning."""
+    return shape(ctx.knobs, ctx.max_tokens, reasoning=ctx.chat)
 
 
 def _usage(ctx: Ctx, completion: int) -> dict[str, Any]:
@@ -103,11 +107,11 @@ def _usage(ctx: Ctx, completion: int) -> dict[str, Any]:
     return usage
 
 
-def _terminal_usage(ctx: Ctx, count: int) -> dict[str, Any]:
+def _terminal_usage(ctx: Ctx, tokens: int) -> dict[str, Any]:
     fault = ctx.knobs.fault
     if fault == "too_many_tokens":
-        return _usage(ctx, (ctx.max_tokens if ctx.max_tokens is not None else count) + 1)
-    usage = _usage(ctx, count)
+        return _usage(ctx, (ctx.max_tokens if ctx.max_tokens is not None else tokens) + 1)
+    usage = _usage(ctx, tokens)
     if fault == "bad_usage":
         usage["total_tokens"] += 1
     return usage
@@ -182,7 +186,8 @@ def _stream_body(ctx: Ctx) -> Iterator[bytes | Pause | Op]:
     """The SSE body of a streamed chat/completion, faults included, ending in an Op."""
     k = ctx.knobs
     fault = k.fault
-    count, finish = _shape(ctx)
+    sh = _shape(ctx)
+    count, finish = sh.count, sh.finish
     if fault == "bad_finish":
         finish = "content_filter"
     if fault == "error_first":
@@ -197,7 +202,13 @@ def _stream_body(ctx: Ctx) -> Iterator[bytes | Pause | Op]:
     finish_on_last = finish == "length" and count > 0
     # Completion chunks never carry usage; the usage faults add one to corrupt.
     with_usage = ctx.chat or fault in ("bad_usage", "too_many_tokens")
-    terminal_usage = _terminal_usage(ctx, count) if with_usage else None
+    terminal_usage = _terminal_usage(ctx, sh.tokens) if with_usage else None
+    for i in range(sh.reasoning):
+        if i and k.delay_ms:
+            yield Pause(k.delay_ms / 1000)
+        thinking = _chunk(ctx, None, None, None)
+        thinking["choices"][0]["delta"]["reasoning_content"] = reasoning_text(i)
+        yield _event(thinking)
     for i in range(count + 1):
         if i == middle and fault in _MID_FAULTS:
             yield from mid_fault(
@@ -207,19 +218,19 @@ def _stream_body(ctx: Ctx) -> Iterator[bytes | Pause | Op]:
                 return
         if i == count:
             break
-        if i and k.delay_ms:
+        if (i or sh.reasoning) and k.delay_ms:
             yield Pause(k.delay_ms / 1000)
         last = finish_on_last and i == count - 1
         chunk = _chunk(ctx, chunk_text(k, i), finish if last else None, None)
         if last:
             chunk["usage"] = terminal_usage
         elif i == 0 and fault == "usage_early":
-            chunk["usage"] = _usage(ctx, count)
+            chunk["usage"] = _usage(ctx, sh.tokens)
         if i == middle and fault in _CHUNK_FAULTS:
             _corrupt(ctx, chunk)
         yield _event(chunk)
     if not finish_on_last:
-        if k.delay_ms and count:
+        if k.delay_ms and sh.tokens:
             yield Pause(k.delay_ms / 1000)
         if finish == "tool_calls" and ctx.chat:
             chunk = _chunk(ctx, None, finish, terminal_usage, _tool_calls(ctx))
@@ -237,7 +248,8 @@ def _stream_body(ctx: Ctx) -> Iterator[bytes | Pause | Op]:
 
 def _json_body(ctx: Ctx) -> bytes:
     k = ctx.knobs
-    count, finish = _shape(ctx)
+    sh = _shape(ctx)
+    count, finish = sh.count, sh.finish
     if k.fault == "bad_finish":
         finish = "content_filter"
     text = "".join(chunk_text(k, i) for i in range(count))
@@ -248,6 +260,9 @@ def _json_body(ctx: Ctx) -> bytes:
         tools = _tool_calls(ctx) if finish == "tool_calls" else None
         content = None if tools and not text else text
         choice["message"] = {"content": content, "role": "assistant", "tool_calls": tools}
+        if sh.reasoning:
+            thinking = "".join(reasoning_text(i) for i in range(sh.reasoning))
+            choice["message"]["reasoning_content"] = thinking
         choice["logprobs"] = None
     else:
         choice.update(text=text, logprobs=None)
@@ -259,7 +274,7 @@ def _json_body(ctx: Ctx) -> bytes:
         model=ctx.model,
         system_fingerprint="local",
         object="chat.completion" if ctx.chat else "text_completion",
-        usage=_terminal_usage(ctx, count),
+        usage=_terminal_usage(ctx, sh.tokens),
     )
     data = orjson.dumps(body)
     if k.fault == "invalid_utf8":
@@ -268,9 +283,8 @@ def _json_body(ctx: Ctx) -> bytes:
 
 
 def _total_delay(ctx: Ctx) -> float:
-    count, _ = _shape(ctx)
     k = ctx.knobs
-    return (k.first_delay_ms + k.delay_ms * max(count - 1, 0)) / 1000
+    return (k.first_delay_ms + k.delay_ms * max(_shape(ctx).tokens - 1, 0)) / 1000
 
 
 def plan_inference(ctx: Ctx) -> Iterator[Step]:

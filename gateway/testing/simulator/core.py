@@ -29,7 +29,14 @@ from gateway.testing.simulator.state import SimRequest, State
 
 _VISIBLE_ASCII = re.compile(r"[\x20-\x7e]+")
 _MODEL_PATHS = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings"}
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/v1/embeddings",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+    }
 )
 
 

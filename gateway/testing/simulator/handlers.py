@@ -7,7 +7,9 @@ JSON syntax (400), JSON shape (axum's 422 text), then the handler's own
 checks (``{"message": ...}``), then the ``[[sim ...]]`` directives (400
 ``simulator: ...``). A request's ``model`` resolves through ``routes.Routes``;
 an unknown one is 500 on chat, completions and Responses and 422 on
-embeddings, as in the real server.
+embeddings, as in the real server. The Anthropic routes (``/v1/messages``,
+``/v1/messages/count_tokens``) refuse everything with the worker's Anthropic
+error body, 400 ``invalid_request_error`` (an unknown model included).
 """
 
 from __future__ import annotations
@@ -23,14 +25,18 @@ import orjson
 from gateway.testing.simulator.chat import Ctx, plan_inference
 from gateway.testing.simulator.embeddings import check, parse_embeddings, plan_embeddings
 from gateway.testing.simulator.knobs import (
+    COUNT_TOKENS_FAULTS,
     EMBEDDINGS_FAULTS,
     FAULTS,
+    MESSAGES_FAULTS,
     RESPONSES_FAULTS,
     DirectiveError,
     SimKnobs,
     apply_directives,
     check_fault,
 )
+from gateway.testing.simulator.messages import Turn, plan_count, plan_message, refusal
+from gateway.testing.simulator.messages_input import parse_messages
 from gateway.testing.simulator.metrics import reply as metrics_reply
 from gateway.testing.simulator.plans import (
     DESERIALIZE,
@@ -48,6 +54,8 @@ from gateway.testing.simulator.responses_input import parse_create
 from gateway.testing.simulator.state import State
 
 _RESPONSES = "/v1/responses"
+_MESSAGES = "/v1/messages"
+_COUNT_TOKENS = "/v1/messages/count_tokens"
 _NOT_JSON = DESERIALIZE + "expected value at line 1 column 1"
 _ADMIN_METHODS: dict[str, str] = {
     "/v1/models/status": "POST",
@@ -89,6 +97,10 @@ def route(
             return simple_reply(405, b"", rid)
         handler = _create_response if path == _RESPONSES else _embeddings
         return handler(state, body, headers, rid)
+    if path in (_MESSAGES, _COUNT_TOKENS):
+        if method != "POST":
+            return simple_reply(405, b"", rid)
+        return _messages(state, path, body, headers, rid)
     if path.startswith(_RESPONSES + "/"):
         return _stored_response(state, method, path[len(_RESPONSES) + 1 :], rid)
     if path in ("/v1/models", "/health", "/"):
@@ -268,6 +280,29 @@ def _stored_response(state: State, method: str, rest: str, rid: str) -> Iterator
     suffix = " or cannot be cancelled" if action == "cancel" else ""
     message = f"Response with ID '{response_id}' not found{suffix}"
     return json_reply(404, {"message": message}, rid)
+
+
+# ------------------------------------------------------- anthropic messages
+
+
+def _messages(state: State, path: str, body: bytes, headers: dict[str, str], rid: str) -> Reply:
+    counting = path == _COUNT_TOKENS
+    try:
+        call = parse_messages(_json_body(body, headers), counting=counting)
+        with state.cond:
+            found = state.routes.resolve(call.model)
+            message = state.routes.unknown_model_message(call.model)
+        if found is None:
+            raise Reject.handler(400, message)
+        faults = COUNT_TOKENS_FAULTS if counting else MESSAGES_FAULTS
+        knobs = _knobs(state, call.directive_text, faults, path)
+    except Reject as reject:
+        return refusal(reject.status, reject.message, rid)
+    tokens = rough_tokens(call.texts, 4)
+    if counting:
+        return plan_count(knobs, tokens, rid)
+    turn = Turn(call, knobs, 0, found.model_id, tokens, rid)
+    return Job(call.stream, knobs, lambda n: plan_message(dataclasses.replace(turn, number=n)))
 
 
 # ------------------------------------------------------------- embeddings

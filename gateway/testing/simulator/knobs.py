@@ -13,13 +13,17 @@ completed|incomplete|failed (``/v1/responses`` only; the real server only ever
 sends ``completed``), ``dims`` embedding dimensions (``/v1/embeddings``),
 ``text`` the answer's text instead of the labelled filler, cut into ``chunks``
 pieces (constructor and ``set_knobs`` only, not a directive: for a caller that
-needs a given answer, e.g. JSON for a ``response_format`` schema).
+needs a given answer, e.g. JSON for a ``response_format`` schema),
+``reasoning`` reasoning chunks before the text (chat ``reasoning_content``,
+Anthropic ``thinking`` blocks; labelled filler too, each one "token").
 
 Faults are per dialect. ``FAULTS`` are the chat/completions ones (see
 plans.py), ``RESPONSES_FAULTS`` those of ``/v1/responses`` (responses.py),
-``EMBEDDINGS_FAULTS`` those of ``/v1/embeddings`` (embeddings.py). A fault
-that the addressed route does not know answers 400 ``simulator: ...``, like a
-typo, so a test never passes on a fault that did nothing.
+``EMBEDDINGS_FAULTS`` those of ``/v1/embeddings`` (embeddings.py),
+``MESSAGES_FAULTS`` those of ``/v1/messages`` and ``COUNT_TOKENS_FAULTS`` those
+of ``/v1/messages/count_tokens`` (messages.py). A fault that the addressed
+route does not know answers 400 ``simulator: ...``, like a typo, so a test
+never passes on a fault that did nothing.
 """
 
 from __future__ import annotations
@@ -65,7 +69,22 @@ EMBEDDINGS_FAULTS = frozenset(
         "no_request_id", "huge_headers",
     }
 )  # fmt: skip
-ALL_FAULTS = FAULTS | RESPONSES_FAULTS | EMBEDDINGS_FAULTS
+MESSAGES_FAULTS = frozenset(
+    {
+        "missing_stop", "close_mid", "error_event", "error_first", "block_order",
+        "index_gap", "unknown_event", "after_stop", "too_many_tokens", "nul_text",
+        "invalid_utf8", "hang", "hang_headers", "hang_mid", "json_body", "wrong_content_type",
+        "gzip", "redirect", "wrong_request_id", "no_request_id", "huge_headers", "endless_line",
+    }
+)  # fmt: skip
+COUNT_TOKENS_FAULTS = frozenset(
+    {
+        "bad_body", "bad_count", "extra_field", "close_mid", "hang", "hang_headers",
+        "wrong_content_type", "gzip", "redirect", "wrong_request_id", "no_request_id",
+        "huge_headers",
+    }
+)  # fmt: skip
+ALL_FAULTS = FAULTS | RESPONSES_FAULTS | EMBEDDINGS_FAULTS | MESSAGES_FAULTS | COUNT_TOKENS_FAULTS
 TERMINALS = frozenset({"completed", "incomplete", "failed"})
 MODELS_FAULTS = frozenset({"bad_body", "hang"})
 MODEL_STATUSES = frozenset({"loaded", "unloaded", "reloading"})
@@ -93,6 +112,7 @@ class SimKnobs:
     terminal: str = "completed"  # /v1/responses: the terminal event
     dims: int = 8  # /v1/embeddings: vector length
     text: str | None = None  # the answer's text instead of the filler, cut into `chunks`
+    reasoning: int = 0  # reasoning chunks before the text (chat and /v1/messages)
 
     def __post_init__(self) -> None:
         checks = (
@@ -108,6 +128,7 @@ class SimKnobs:
             (self.terminal in TERMINALS, f"terminal must be one of {sorted(TERMINALS)}"),
             (1 <= self.dims <= 8192, "dims must be 1..8192"),
             (self.text is None or len(self.text) <= 1 << 20, "text must be at most 1 MiB"),
+            (0 <= self.reasoning <= 100_000, "reasoning must be 0..100000"),
         )
         for ok, message in checks:
             if not ok:
@@ -137,6 +158,7 @@ _KNOB_TYPES: dict[str, Callable[[str], Any]] = {
     "pad": int,
     "terminal": str,
     "dims": int,
+    "reasoning": int,
 }
 
 

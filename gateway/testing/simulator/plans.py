@@ -47,11 +47,18 @@ _COMMON_HEADERS = (
 )
 
 
+#: what an idle SSE stream sends after ``keepalive_ms`` of quiet (axum's comment)
+KEEPALIVE_EVENT = b":\n\n"
+_FAILURE = b'{"message":"simulated failure"}'
+
+
 @dataclass(frozen=True, slots=True)
 class Head:
     status: int
     headers: list[tuple[str, str]]
     length: int | None  # None: transfer-encoding chunked
+    #: the event a chunked (SSE) body sends while idle (``keepalive_ms``)
+    idle: bytes = KEEPALIVE_EVENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +101,37 @@ class Reject(Exception):
         return text_reply(self.status, self.message, request_id)
 
 
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What one generated answer holds: reasoning chunks, then text chunks, then the finish."""
+
+    reasoning: int
+    count: int
+    finish: str
+
+    @property
+    def tokens(self) -> int:
+        """Completion tokens: each chunk is one "token", reasoning included."""
+        return self.reasoning + self.count
+
+
+def shape(knobs: SimKnobs, max_tokens: int | None, *, reasoning: bool = True) -> Shape:
+    """The answer's shape. Hitting ``max_tokens`` wins over everything (``length``);
+    reasoning (none unless ``reasoning``) comes first, so the text gets what is
+    left of the bound."""
+    finish = "tool_calls" if knobs.tool_call else knobs.finish
+    count = knobs.chunks
+    thinking = knobs.reasoning if reasoning else 0
+    if max_tokens is not None and thinking + count >= max_tokens:
+        thinking = min(thinking, max_tokens)
+        return Shape(thinking, max_tokens - thinking, "length")
+    return Shape(thinking, count, finish)
+
+
+def reasoning_text(i: int) -> str:
+    return f"sim-thinking-{i} "
+
+
 def rough_tokens(texts: Iterable[str], per_text: int) -> int:
     """About four characters a token, plus a few for each message's template."""
     total = sum((len(t) + 3) // 4 + per_text for t in texts)
@@ -111,20 +149,25 @@ def sim_uuid(seed: int, number: int, kind: int) -> str:
     return str(uuid.UUID(int=value, version=4))
 
 
-def mid_fault(fault: str, error: Callable[[], bytes]) -> Iterator[bytes | Op]:
+def mid_fault(
+    fault: str, error: Callable[[], bytes], *, done: bytes = DONE_EVENT
+) -> Iterator[bytes | Op]:
     """What a fault in the middle of a stream sends there: the cut, the silence,
-    or the dialect's in-band ``error()`` then ``[DONE]``, each the stream's end;
-    ``named_event`` only adds its event and the stream goes on. ``error`` is
-    called only when sent (a Responses event takes a sequence number)."""
+    or the dialect's in-band ``error()`` then its terminator ``done`` (``[DONE]``;
+    none on an Anthropic stream), each the stream's end; ``named_event`` /
+    ``unknown_event`` only add the agentic event and the stream goes on.
+    ``error`` is called only when sent (a Responses event takes a sequence
+    number)."""
     if fault == "close_mid":
         yield Op.ABORT
     elif fault == "hang_mid":
         yield Op.HANG
-    elif fault == "named_event":
+    elif fault in ("named_event", "unknown_event"):
         yield NAMED_EVENT
     else:
         yield error()
-        yield DONE_EVENT
+        if done:
+            yield done
         yield Op.END
 
 
@@ -203,7 +246,9 @@ class Envelope:
     ``json_body`` makes the non-streamed body (also a streamed request's under
     ``json_body``), sent after ``delay_s`` (the whole generation time) with
     ``json_status``; ``sse_body`` the streamed one (None: never streamed);
-    ``commit`` is yielded just before a JSON body.
+    ``commit`` is yielded just before a JSON body. ``idle`` is what the stream
+    sends while idle, ``failure`` the body of a ``status`` knob's answer
+    (``failure(status)``; None: ``{"message":"simulated failure"}``).
     """
 
     stream: bool
@@ -214,6 +259,8 @@ class Envelope:
     sse_body: Callable[[], SseBody] | None = None
     json_status: int = 200
     commit: StoreCommit | None = None
+    idle: bytes = KEEPALIVE_EVENT
+    failure: Callable[[int], bytes] | None = None
 
 
 def envelope(env: Envelope) -> Iterator[PlanStep]:
@@ -235,9 +282,8 @@ def envelope(env: Envelope) -> Iterator[PlanStep]:
     if fault == "huge_headers":
         base.append(("x-sim-padding", "p" * 200 * 1024))
     if k.status is not None:
-        yield from simple_reply(
-            k.status, b'{"message":"simulated failure"}', env.request_id, "application/json"
-        )
+        failure = _FAILURE if env.failure is None else env.failure(k.status)
+        yield from simple_reply(k.status, failure, env.request_id, "application/json")
         return
     if fault == "hang_headers":
         yield Op.HANG
@@ -281,7 +327,7 @@ def envelope(env: Envelope) -> Iterator[PlanStep]:
         yield gzip.compress(raw, mtime=0)
         yield Op.END
         return
-    yield Head(200, headers, None)
+    yield Head(200, headers, None, env.idle)
     if fault == "hang":
         yield Op.HANG
     elif fault == "endless_line":

@@ -33,9 +33,10 @@ class SimRequest:
     when the client went away while its response was still being played (for a
     non-streamed request the script then runs on, as the engine's generation
     does, so ``finished_at`` comes later). ``model`` is the ``model`` an
-    inference, Responses or embeddings request named (``"default"`` when it
-    named none, as the real server reads it; None for other requests or a body
-    that is not a JSON object with a string ``model``).
+    inference, Responses, Anthropic Messages or embeddings request named
+    (``"default"`` when it named none, as the real server reads it; None for
+    other requests or a body that is not a JSON object with a string
+    ``model``).
     """
 
     seq: int

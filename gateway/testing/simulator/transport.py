@@ -32,8 +32,6 @@ _ENDLESS_LIMIT = 512 * 1024 * 1024
 
 _ENDLESS_BLOCK = 64 * 1024
 
-_KEEPALIVE_EVENT = b":\n\n"
-
 
 def _frame(data: bytes) -> bytes:
     return b"%x\r\n%b\r\n" % (len(data), data)
@@ -235,6 +233,7 @@ class Connection(asyncio.Protocol):
         split = knobs.split if knobs else 0
         ka_ms = knobs.keepalive_ms if knobs else 0.0
         keepalive = max(ka_ms, 1.0) / 1000 if ka_ms > 0 else None
+        idle = b""
         out: list[bytes] = []
         chunked = False
         sse_open = False
@@ -255,12 +254,13 @@ class Connection(asyncio.Protocol):
             elif isinstance(step, Pause):
                 await self._flush(out, split)
                 if sse_open and keepalive is not None:
-                    last_event = await self._idle(step.seconds, keepalive, last_event, split)
+                    last_event = await self._idle(step.seconds, keepalive, last_event, split, idle)
                 else:
                     await asyncio.sleep(step.seconds)
             elif isinstance(step, Head):
                 chunked = step.length is None
                 sse_open = chunked
+                idle = step.idle
                 out.append(self._head(step, keep_alive))
                 last_event = self._loop.time()
             elif step is Op.END:
@@ -293,8 +293,11 @@ class Connection(asyncio.Protocol):
                 await asyncio.sleep(0)  # a fast reader never pauses us; let others run
         transport.abort()
 
-    async def _idle(self, seconds: float, keepalive: float, last_event: float, split: int) -> float:
-        """Sleep ``seconds``, writing a keep-alive comment after each ``keepalive`` of quiet."""
+    async def _idle(
+        self, seconds: float, keepalive: float, last_event: float, split: int, idle: bytes
+    ) -> float:
+        """Sleep ``seconds``, writing ``idle`` (the head's keep-alive event: a comment,
+        or an Anthropic ``ping``) after each ``keepalive`` of quiet."""
         end = self._loop.time() + seconds
         # Bounded: each pass either finishes or moves last_event forward by >= 1 ms.
         while True:
@@ -304,7 +307,7 @@ class Connection(asyncio.Protocol):
                 await asyncio.sleep(max(0.0, end - now))
                 return last_event
             await asyncio.sleep(max(0.0, due - now))
-            await self._flush([_frame(_KEEPALIVE_EVENT)], split)
+            await self._flush([_frame(idle)], split)
             last_event = self._loop.time()
 
     def _head(self, head: Head, keep_alive: bool) -> bytes:
