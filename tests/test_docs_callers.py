@@ -31,7 +31,15 @@ from tests.support.jwt import HS_SECRET
 from tests.support.stack import API_KEY, Stack, running_stack
 
 DOC = REPO / "docs" / "callers.md"
-ENDPOINTS = ["chat.completions", "completions", "responses", "embeddings", "models", "evidence"]
+ENDPOINTS = [
+    "chat.completions",
+    "completions",
+    "responses",
+    "embeddings",
+    "messages",
+    "models",
+    "evidence",
+]
 FILES = {"photo.png": build_png, "clip.wav": build_wav, "clip.mp4": build_mp4}
 #: what the simulated worker answers in a section (its side of the example)
 KNOBS: dict[str, dict[str, Any]] = {
