@@ -52,7 +52,11 @@ def run_engine_demo(size: str = "small", max_tokens: int = 128) -> int:
     adapter = start_adapter(size)
     try:
         with tempfile.TemporaryDirectory(prefix="mistralrs-gateway-demo-engine-") as tmp:
-            policy = default_policy("demo", models={ALIAS: adapter.route}, modalities=["text"])
+            # The demo tenant has the worker to itself: it may see the engine's
+            # timings and cache figures (spec §21 usage_details).
+            policy = default_policy(
+                "demo", models={ALIAS: adapter.route}, modalities=["text"], usage_details="full"
+            )
             config = write_config(
                 Path(tmp),
                 upstream_port=adapter.port,
