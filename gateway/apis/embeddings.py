@@ -13,6 +13,23 @@ The answer (:class:`EmbeddingsDialect`) must be ``object: list`` with one
 list of finite numbers or (``encoding_format: base64``) base64 of
 little-endian float32, all of one dimension, and ``usage.prompt_tokens`` =
 ``usage.total_tokens``; the alias is put back in ``model``.
+
+Memory (:class:`EmbeddingsBody`): an answer is bounded by what the request
+can produce, ``inputs * (vector bound + 256) + 64 KiB`` (the vector bound is
+:data:`MAX_DIMENSIONS` floats of at most :data:`FLOAT_TEXT_BYTES` each, or
+their base64, ``4·⌈4·dims/3⌉``), and by ``max_stream_bytes``; past either it
+is refused (``upstream_protocol_error``) as the bytes arrive, and nothing
+more is kept. The answer is held once, as the worker's bytes, and never
+parsed whole: one scan finds the envelope (its small values parsed), the
+``data`` array and each entry's vector; each vector is then parsed and
+checked alone, and dropped. The ``data`` array goes back to the caller as
+the worker's bytes (an ``orjson.Fragment``; moved to the buffer's start in
+place, not copied); only the envelope is written anew, ``model`` replaced.
+What is not a vector (keys, ``index``, ``usage``, unknown fields) is bounded
+at 64 KiB + 1 KiB per input, and one vector at its bound, so a worker cannot
+make the scan slow or a parse large either. Stricter than parsing whole: a
+key repeated in one object, a key over 256 bytes and a vector of more than
+:data:`MAX_DIMENSIONS` values are refused too.
 """
 
 from __future__ import annotations
@@ -20,6 +37,7 @@ from __future__ import annotations
 import array
 import base64
 import binascii
+import io
 import json
 import math
 import sys
@@ -38,6 +56,17 @@ from gateway.apis.base import (
     require_object,
     require_text_modality,
     resolve_alias,
+)
+from gateway.apis.embeddings_scan import (
+    _DATA,
+    _ENTRY_BUDGET,
+    _ENVELOPE_BYTES,
+    _NUMBERS,
+    MAX_DIMENSIONS,
+    EmbeddingsAnswer,
+    answer_bound,
+    scan_answer,
+    vector_bound,
 )
 from gateway.apis.fields import (
     Spec,
@@ -134,6 +163,7 @@ class EmbeddingsApi:
             max_tokens=None,
             prompt_bytes=prompt,
             nonce=ctx.nonce,
+            turns=len(inputs),
         )
 
     def forward(self, plan: Plan, route: str) -> dict[str, Any]:
@@ -184,6 +214,81 @@ class JsonBody:
         return parsed
 
 
+class EmbeddingsBody:
+    """The worker's embeddings answer as a sans-I/O source (the interface of
+    :class:`JsonBody`): bytes in, bounded at ``max_bytes`` (refused as they
+    arrive, nothing more kept), held once; at the end, one
+    :class:`EmbeddingsAnswer` whose ``data`` is the worker's own bytes, then
+    :class:`~gateway.core.sse.Done`."""
+
+    def __init__(self, max_bytes: int, *, entries: int, budget: int, vector_bytes: int) -> None:
+        self._max = max_bytes
+        self._entries = entries
+        self._budget = budget
+        self._vector_bytes = vector_bytes
+        # BytesIO grows in place and hands its bytes over without a copy.
+        self._buf: io.BytesIO | None = io.BytesIO()
+        self._eof = False
+        self._parsed = False
+        self._error: GatewayError | None = None
+        self.bytes_received = 0
+
+    def receive_data(self, data: bytes) -> None:
+        if not data:
+            self._eof = True
+            return
+        self.bytes_received += len(data)
+        if self._buf is None:
+            return
+        if self.bytes_received > self._max:
+            self._buf = None  # refused: nothing more is kept
+            return
+        self._buf.write(data)
+
+    def next_event(self) -> EmbeddingsAnswer | Done | NeedData:
+        if self._error is not None:
+            raise self._error.with_traceback(None)
+        if self._parsed:
+            return Done()
+        if self.bytes_received > self._max:
+            self._error = violation("Upstream answer exceeded the size limit.")
+            raise self._error
+        if not self._eof:
+            return NEED_DATA
+        try:
+            answer = self._answer()
+        except GatewayError as exc:
+            self._error = exc
+            # Not the scan's frames: they hold the buffer as long as the error lives.
+            raise exc.with_traceback(None) from None
+        finally:
+            self._buf = None
+        self._parsed = True
+        return answer
+
+    def _answer(self) -> EmbeddingsAnswer:
+        buf = self._buf
+        assert buf is not None
+        view = buf.getbuffer()
+        try:
+            answer, start, end = scan_answer(
+                view, entries=self._entries, budget=self._budget, vector_bytes=self._vector_bytes
+            )
+            if answer.entries is not None:
+                # The data array to the buffer's start (a memmove) and the rest cut
+                # off: its bytes become the answer's without a copy.
+                view[: end - start] = view[start:end]
+        finally:
+            view.release()
+        if answer.entries is not None:
+            buf.truncate(end - start)
+            answer.data = buf.getvalue()
+            for entry in answer.entries:  # where the vectors now are
+                if entry.vector is not None:
+                    entry.vector = (entry.vector[0] - start, entry.vector[1] - start)
+        return answer
+
+
 class EmbeddingsDialect:
     """The worker's embeddings JSON, checked (module docstring), alias put back."""
 
@@ -191,16 +296,26 @@ class EmbeddingsDialect:
     usage_source = "reported"
 
     def __init__(self, plan: Plan, bounds: StreamBounds) -> None:
-        self._source = JsonBody(bounds.framing.max_stream_bytes, orjson.loads)
         self.alias = plan.alias
+        self.max_prompt_tokens = bounds.max_prompt_tokens
         self.expected = len(inputs_of(plan.body["input"]))
         self.base64 = plan.body.get("encoding_format") == "base64"
+        self.max_bytes = min(
+            bounds.framing.max_stream_bytes,
+            answer_bound(self.expected, base64_vectors=self.base64),
+        )
+        self._source = EmbeddingsBody(
+            self.max_bytes,
+            entries=self.expected,
+            budget=_ENVELOPE_BYTES + _ENTRY_BUDGET * self.expected,
+            vector_bytes=vector_bound(base64_vectors=self.base64),
+        )
         self.has_content = False
         self._answer: dict[str, Any] | None = None
         self._usage: dict[str, Any] | None = None
 
     @property
-    def source(self) -> JsonBody:
+    def source(self) -> EmbeddingsBody:
         return self._source
 
     def on_item(self, answer: Any) -> bytes | None:
@@ -208,35 +323,51 @@ class EmbeddingsDialect:
         self.has_content = True
         return None
 
-    def _check(self, answer: Any) -> dict[str, Any]:
-        if not isinstance(answer, dict) or answer.get("object") != "list":
+    def _check(self, answer: EmbeddingsAnswer) -> dict[str, Any]:
+        fields = dict(answer.fields)
+        if fields.get("object") != "list":
             raise violation("Upstream embeddings answer is not a list object.")
-        data = answer.get("data")
-        if not isinstance(data, list) or len(data) != self.expected:
+        entries, data = answer.entries, answer.data
+        if entries is None or data is None or len(entries) != self.expected:
             raise violation("Upstream embeddings answer has the wrong number of entries.")
         width: int | None = None
-        for index, entry in enumerate(data):
-            if not isinstance(entry, dict) or entry.get("object") != "embedding":
-                raise violation("Upstream embedding entry is malformed.")
-            if type(entry.get("index")) is not int or entry["index"] != index:
-                raise violation("Upstream embedding entries are not indexed in order.")
-            size = self._width(entry.get("embedding"))
-            if width is not None and size != width:
-                raise violation("Upstream embeddings differ in dimension.")
-            width = size
-        usage = answer.get("usage")
+        with memoryview(data) as view:
+            for index, entry in enumerate(entries):
+                if entry.fields.get("object") != "embedding" or entry.vector is None:
+                    raise violation("Upstream embedding entry is malformed.")
+                position = entry.fields.get("index")
+                if type(position) is not int or position != index:
+                    raise violation("Upstream embedding entries are not indexed in order.")
+                size = self._width(view, *entry.vector)
+                if size > MAX_DIMENSIONS:
+                    raise violation("Upstream embedding is wider than any model's.")
+                if width is not None and size != width:
+                    raise violation("Upstream embeddings differ in dimension.")
+                width = size
+        usage = fields.get("usage")
         if not isinstance(usage, dict):
             raise violation("Upstream embeddings answer carries no usage.")
         prompt, total = usage.get("prompt_tokens"), usage.get("total_tokens")
         # An embedding generates nothing: every token counted is a prompt token.
         if type(prompt) is not int or type(total) is not int or not 0 <= prompt == total:
             raise violation("Upstream embeddings usage is malformed.")
+        if self.max_prompt_tokens is not None and prompt > self.max_prompt_tokens:
+            raise violation("Upstream usage claims more prompt tokens than were sent.")
         self._usage = dict(usage)
-        answer["model"] = self.alias
-        return answer
+        # The worker's order and values, its data array as its bytes, the alias in `model`.
+        out: dict[str, Any] = {}
+        for key, value in answer.fields:
+            out[key] = orjson.Fragment(data) if value is _DATA else value
+        out["model"] = self.alias
+        return out
 
-    def _width(self, vector: Any) -> int:
+    def _width(self, view: memoryview, start: int, end: int) -> int:
+        """The vector's length, checked; parsed alone and dropped."""
         if self.base64:
+            try:
+                vector = orjson.loads(view[start:end])
+            except ValueError:
+                raise violation("Upstream embedding is not base64.") from None
             if not isinstance(vector, str):
                 raise violation("Upstream embedding is not base64.")
             try:
@@ -248,17 +379,22 @@ class EmbeddingsDialect:
             values = array.array("f", raw)
             if sys.byteorder != "little":  # pragma: no cover - the wire is little-endian
                 values.byteswap()
-            if not all(math.isfinite(v) for v in values):
+            if not all(map(math.isfinite, values)):
                 raise violation("Upstream embedding has a value that is not finite.")
             return len(values)
-        if not isinstance(vector, list) or not vector:
+        # Only number characters, then orjson's grammar: numbers, every one (no
+        # string, literal or container); orjson refuses one out of float range.
+        if _NUMBERS.fullmatch(view, start, end) is None:
             raise violation("Upstream embedding is not a list of numbers.")
-        for value in vector:
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise violation("Upstream embedding is not a list of numbers.")
-            if not math.isfinite(value):
-                raise violation("Upstream embedding has a value that is not finite.")
-        return len(vector)
+        try:
+            numbers = orjson.loads(view[start:end])
+        except ValueError:  # not the grammar, or out of float range
+            raise violation("Upstream embedding is not a list of finite numbers.") from None
+        if not numbers:
+            raise violation("Upstream embedding is not a list of numbers.")
+        if not (math.isfinite(min(numbers)) and math.isfinite(max(numbers))):
+            raise violation("Upstream embedding has a value that is not finite.")
+        return len(numbers)
 
     def error_frame(self, exc: GatewayError) -> bytes:
         raise AssertionError("an embeddings answer is never streamed")
@@ -271,5 +407,8 @@ class EmbeddingsDialect:
         return Report(finish_reason=None, usage=usage, counts=counts, outcome="complete")
 
     def answer(self, usage: dict[str, Any]) -> dict[str, Any]:
-        assert self._answer is not None
-        return self._answer
+        """The answer, handed over (asked once): the dialect keeps no reference, so
+        the worker's bytes go as soon as the reply is written."""
+        answer, self._answer = self._answer, None
+        assert answer is not None
+        return answer

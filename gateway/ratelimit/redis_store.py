@@ -19,7 +19,10 @@ tenant's keys share a slot. Every key written has a TTL (see ``scripts``).
 (the connect timeout and, around the whole call, ``asyncio.timeout``; no
 socket timeout, see ``from_url``); redis-py's own retries are off. A store that is
 unreachable, refuses the script, or is slower than the timeout is a
-*failure*: ``on_error: closed`` raises 503 ``limits_unavailable``;
+*failure*, and so is a Redis over ``maxmemory``: every script is refused
+whole, before any write, with ``OOM`` (``scripts``), for every tenant alike,
+so ``healthy`` and ``/readyz`` stay down until memory is given back.
+``on_error: closed`` raises 503 ``limits_unavailable``;
 ``on_error: open`` serves the request with an unchecked :class:`Hold` (no
 headers, nothing to settle). Every failure is counted
 (``gateway_limits_store_errors_total{op}``); the first of an episode is
@@ -63,7 +66,7 @@ from typing import Any, Literal
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import NoScriptError, OutOfMemoryError, RedisError, ResponseError
 
 from gateway.core.errors import GatewayError
 from gateway.ratelimit.base import Hold, NullMetrics, StoreMetrics
@@ -315,7 +318,10 @@ class RedisLimitsStore:
             async with asyncio.timeout(self._timeout_s):
                 raw = await self._reserve(keys=keys.reserve, args=args)
         except _STORE_ERRORS as exc:
-            self._void(keys, hold_id)
+            if not isinstance(exc, OutOfMemoryError):
+                # OOM is the server's answer before the script ran (its shebang,
+                # see ``scripts``): nothing was taken, so there is nothing to void.
+                self._void(keys, hold_id)
             self._failed("reserve", exc)
             if self._on_error == "open":
                 return Hold(tenant, limits, checked=False)

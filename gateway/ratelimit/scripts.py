@@ -50,9 +50,27 @@ hold nor its slot may have overtaken that reservation on its way to the
 server (another connection): it leaves a tombstone in ``void`` for the
 lease, which the reservation finds if it ever runs. Returns ``{refunds
 applied 0|1, slot freed 0|1}``.
+
+**Out of memory.** Every script starts with the ``#!lua`` shebang and no
+flags: Redis (7.0+) then knows before running it that it may write, and
+while the server is over ``maxmemory`` (``noeviction``, or nothing left to
+evict) it refuses the whole script up front with ``OOM`` (redis-py's
+``OutOfMemoryError``), before any write. Without the shebang a script is
+only refused at its first *deny-oom* write and, once it has written
+anything, runs on past ``maxmemory``: ``reserve`` with a concurrency limit
+writes first with ``ZREMRANGEBYSCORE`` (not deny-oom), so it admitted while
+the same server refused every other tenant, and ``healthy`` (``/readyz``)
+flipped with whoever called last. Now a full server is a store failure for
+every call (``limits_unavailable`` under ``on_error: closed``), and nothing
+is half written. No script declares ``allow-oom`` (nor ``no-writes``: each
+one writes).
 """
 
 from __future__ import annotations
+
+#: first line of every script: flags declared (none), so an OOM refusal comes
+#: before the script runs (see the module docstring)
+SHEBANG = "#!lua\n"
 
 _COMMON = """
 local t = redis.call('TIME')
@@ -74,7 +92,8 @@ end
 """
 
 RESERVE = (
-    _COMMON
+    SHEBANG
+    + _COMMON
     + """
 local rpm, tpm, minute = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local tpd, daily, conc = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -142,7 +161,8 @@ return {refused, rs, ts, until_midnight, day}
 )
 
 SETTLE = (
-    _COMMON
+    SHEBANG
+    + _COMMON
     + """
 local hold = ARGV[1]
 local applied = 0
@@ -180,8 +200,12 @@ return {applied, freed}
 
 #: the readiness probe: what a reservation needs (scripts run, writes accepted),
 #: not just that Redis answers (a read-only replica or a full server answers
-#: PING and refuses every reservation). Writes KEYS[1] with a short TTL.
-PROBE = """
+#: PING and refuses every reservation). Writes KEYS[1] with a short TTL; like
+#: the others, refused up front on a full server.
+PROBE = (
+    SHEBANG
+    + """
 redis.call('SET', KEYS[1], '1', 'PX', 60000)
 return 1
 """
+)
