@@ -21,10 +21,10 @@ import orjson
 import pytest
 
 from gateway.apis.base import Plan, StreamBounds
-from gateway.apis.embeddings import (
+from gateway.apis.embeddings import EmbeddingsDialect
+from gateway.apis.embeddings_scan import (
     FLOAT_TEXT_BYTES,
     MAX_DIMENSIONS,
-    EmbeddingsDialect,
     answer_bound,
     vector_bound,
 )
