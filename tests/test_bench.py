@@ -21,6 +21,8 @@ SCENARIOS = {
     "multimodal",
     "responses_latency",
     "responses_throughput",
+    "messages_latency",
+    "messages_throughput",
 }
 FIGURES = {"sent", "ok", "errors", "error_kinds", *RATIO_KEYS}
 
@@ -59,6 +61,9 @@ def test_quick_bench_reports_every_scenario_without_errors(tmp_path: Path) -> No
         "responses_latency: gateway CPU s / 1000 x chat's",
         "responses_throughput: gateway CPU s / 1000 x chat's",
         "responses_latency: TTFT p50 x direct, x chat's",
+        "messages_latency: gateway CPU s / 1000 x chat's",
+        "messages_throughput: gateway CPU s / 1000 x chat's",
+        "messages_latency: TTFT p50 x direct, x chat's",
         "slow: all streams complete",
         "no errors, every stream [DONE]",
     }

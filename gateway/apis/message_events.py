@@ -407,7 +407,8 @@ class EventGrammar:
         tokens = usage.get("output_tokens")
         if type(tokens) is not int or tokens < 0:
             raise violation("message_delta usage is malformed.")
-        if delta.get("stop_reason") not in _STOP_REASON_VALUES:
+        reason = delta.get("stop_reason")
+        if not (reason is None or isinstance(reason, str)) or reason not in _STOP_REASON_VALUES:
             raise violation("message_delta carries an unknown stop_reason.")
         self.state = "delta"
 

@@ -35,6 +35,8 @@ def engine_policies(route: str) -> dict[str, dict[str, Any]]:
         models={ALIAS: route},
         api_keys=[{"name": "nightly", "sha256": API_KEY_SHA}],
         modalities=["text"],
+        # The lane compares the worker's own answer byte for byte: every usage field.
+        usage_details="full",
     )
     globex = default_policy("globex", models={ALIAS: route}, modalities=["text"])
     return {"acme": acme, "globex": globex}
@@ -128,10 +130,14 @@ def gateway_body(body: dict[str, Any]) -> dict[str, Any]:
     return {**body, "model": ALIAS}
 
 
-def worker_bytes(caller_raw: bytes, route: str) -> bytes:
-    """The caller's SSE body with the alias put back to the worker's model id: what
-    the worker sent, if the gateway changed nothing else (the receipt's
+def worker_bytes(caller_raw: bytes, route: str, receipt: dict[str, Any]) -> bytes:
+    """The caller's SSE body with the alias put back to the worker's model id and
+    the gateway's id to the worker's (the receipt's ``upstream_id``, spec §21):
+    what the worker sent, if the gateway changed nothing else (the receipt's
     ``stream_sha256`` is the SHA-256 of those bytes)."""
     alias = b'"model":' + json.dumps(ALIAS).encode() + b","
     model = b'"model":' + json.dumps(route).encode() + b","
-    return caller_raw.replace(alias, model)
+    first = json.loads(caller_raw.split(b"data: ", 1)[1].split(b"\n", 1)[0])
+    ours = b'"id":' + json.dumps(first["id"]).encode() + b","
+    theirs = b'"id":' + json.dumps(receipt["upstream_id"]).encode() + b","
+    return caller_raw.replace(alias, model).replace(ours, theirs)

@@ -96,7 +96,7 @@ def test_keepalives_every_millisecond_break_nothing(small: EngineStack) -> None:
     assert b"}\n\n:\n\n" in stream.raw[first_chunk:]  # between chunks, not only before
     # every chunk and every keep-alive the worker sent, byte for byte
     receipt = small.receipt(via.request_id)
-    sent = worker_bytes(stream.raw, adapter.route)
+    sent = worker_bytes(stream.raw, adapter.route, receipt)
     assert hashlib.sha256(sent).hexdigest() == receipt["stream_sha256"]
     after = adapter.stats()
     assert after["chunks_streamed"] - before["chunks_streamed"] == len(stream.chunks)

@@ -76,7 +76,7 @@ def test_the_caller_gets_the_workers_bytes_with_the_alias(lane: EngineStack) -> 
 
     # 1. the very bytes the worker sent for this request, model aside
     receipt = lane.receipt(via.request_id)
-    sent = worker_bytes(via.stream.raw, adapter.route)
+    sent = worker_bytes(via.stream.raw, adapter.route, receipt)
     assert hashlib.sha256(sent).hexdigest() == receipt["stream_sha256"]
     assert all(chunk["model"] == ALIAS for chunk in via.stream.chunks)
 
