@@ -16,6 +16,7 @@ from gateway.apis.message_events import EventGrammar
 from gateway.testing.harness import DEMO_SECRET_ENV, SIM_ROUTE
 from tests.support.anthropic import check_grammar, check_sdk_types
 from tests.support.evidence import PNG, decoded, no_leases, staged
+from tests.support.faults import CHAT_FAULTS, STATUS
 from tests.support.jwt import HS_SECRET
 from tests.support.poll import eventually
 from tests.support.stack import Stack, running_stack, worker_posts
@@ -553,44 +554,8 @@ def test_worker_reasoning_becomes_a_thinking_block(stack: Stack) -> None:
 
 # ---------------------------------------------------------------- worker faults
 
-# fault -> (error code, receipt outcome, "event" = one final error event on a
-# stream whose first event passed, "head" = an HTTP error before any byte).
-# A worker Anthropic caller is served from its chat stream, so these are chat's.
-STREAM_FAULTS: dict[str, tuple[str, str, str]] = {
-    "missing_done": ("upstream_unavailable", "incomplete", "event"),
-    "close_mid": ("upstream_unavailable", "incomplete", "event"),
-    "error_json": ("upstream_error", "upstream_error", "event"),
-    "error_raw": ("upstream_error", "upstream_error", "event"),
-    "error_first": ("upstream_error", "upstream_error", "head"),
-    "id_change": ("upstream_protocol_error", "protocol_error", "event"),
-    "created_change": ("upstream_protocol_error", "protocol_error", "event"),
-    "model_change": ("upstream_protocol_error", "protocol_error", "event"),
-    "two_choices": ("upstream_protocol_error", "protocol_error", "head"),
-    "role_change": ("upstream_protocol_error", "protocol_error", "event"),
-    "usage_early": ("upstream_protocol_error", "protocol_error", "head"),
-    "bad_usage": ("upstream_protocol_error", "protocol_error", "event"),
-    "too_many_tokens": ("upstream_protocol_error", "protocol_error", "event"),
-    "bad_finish": ("upstream_protocol_error", "protocol_error", "event"),
-    "named_event": ("upstream_protocol_error", "protocol_error", "event"),
-    "after_done": ("upstream_protocol_error", "protocol_error", "event"),
-    "invalid_utf8": ("upstream_protocol_error", "protocol_error", "event"),
-    "json_body": ("upstream_protocol_error", "protocol_error", "head"),
-    "wrong_content_type": ("upstream_protocol_error", "protocol_error", "head"),
-    "gzip": ("upstream_protocol_error", "protocol_error", "head"),
-    "redirect": ("upstream_protocol_error", "protocol_error", "head"),
-    "wrong_request_id": ("upstream_protocol_error", "protocol_error", "head"),
-    "endless_line": ("upstream_protocol_error", "protocol_error", "head"),
-    "huge_headers": ("upstream_protocol_error", "protocol_error", "head"),
-    "hang": ("upstream_timeout", "incomplete", "head"),
-    "hang_headers": ("upstream_timeout", "incomplete", "head"),
-    "hang_mid": ("upstream_timeout", "incomplete", "event"),
-}
-STATUS = {
-    "upstream_error": 502,
-    "upstream_protocol_error": 502,
-    "upstream_unavailable": 502,
-    "upstream_timeout": 504,
-}
+# A worker Anthropic caller is served from its chat stream: chat's faults, chat's answers.
+STREAM_FAULTS = CHAT_FAULTS
 
 
 def test_the_fault_table_covers_every_chat_fault_but_the_harmless() -> None:
