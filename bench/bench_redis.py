@@ -40,7 +40,7 @@ import orjson
 
 from bench.bench_limits import reserve_timings
 from bench.loadgen import LoadResult, close_connections, http_post, open_connections, run_load
-from bench.procs import Child, gateway_command, start_simulator, wait_ready
+from bench.procs import Child, gateway_command, pct, split_cpus, start_simulator, wait_ready
 from gateway.auth import mint_dev_token
 from gateway.config.loader import load_config
 from gateway.ratelimit import LimitsStore, MemoryLimitsStore, RedisLimitsStore, TenantLimits
@@ -66,22 +66,6 @@ LIMITS = {
 STORE_LIMITS = TenantLimits(*LIMITS.values())
 TARGETS = {"ttft_p50_ms": 0.3, "cpu_s_per_1000": 0.3}
 CHUNKS = 16
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
-
-
-def _placement() -> tuple[set[int] | None, set[int] | None]:
-    """(gateways, everything else); None, None with fewer than two CPUs."""
-    try:
-        cpus = sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return None, None
-    if len(cpus) < 2:
-        return None, None
-    return {cpus[0]}, set(cpus[1:])
 
 
 def _config(workdir: Path, sim_port: int, store: dict[str, Any]) -> Path:
@@ -166,7 +150,7 @@ def _round(run: asyncio.Runner, target: Target, total: int, warm: int) -> None:
     ok = measured.ok
     ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
     if ttfts:
-        target.per_round.append((_pct(ttfts, 0.5) * 1000, cpu * 1000 / max(1, len(ok))))
+        target.per_round.append((pct(ttfts, 0.5) * 1000, cpu * 1000 / max(1, len(ok))))
     target.ok += len(ok)
     target.ttft += [r.ttft_s for r in ok if r.ttft_s is not None]
     target.stream += [r.duration_s for r in ok]
@@ -179,9 +163,9 @@ def _figures(target: Target) -> dict[str, Any]:
     return {
         "ok": target.ok,
         "errors": target.errors,
-        "ttft_p50_ms": round(_pct(target.ttft, 0.5) * 1000, 3) if target.ttft else None,
-        "ttft_p99_ms": round(_pct(target.ttft, 0.99) * 1000, 3) if target.ttft else None,
-        "stream_p50_ms": round(_pct(target.stream, 0.5) * 1000, 3) if target.stream else None,
+        "ttft_p50_ms": round(pct(target.ttft, 0.5) * 1000, 3) if target.ttft else None,
+        "ttft_p99_ms": round(pct(target.ttft, 0.99) * 1000, 3) if target.ttft else None,
+        "stream_p50_ms": round(pct(target.stream, 0.5) * 1000, 3) if target.stream else None,
         "cpu_s_per_1000": round(target.cpu_s * per_k, 4),
     }
 
@@ -198,7 +182,7 @@ async def _store_latency(url: str, n: int) -> dict[str, dict[str, float]]:
         await store.aclose(5)
         out[name] = {
             "p50_us": round(statistics.median(timings), 1),
-            "p99_us": round(_pct(timings, 0.99), 1),
+            "p99_us": round(pct(timings, 0.99), 1),
             "max_us": round(max(timings), 1),
         }
     return out
@@ -220,7 +204,7 @@ def run(total: int, rounds: int, warm: int, store_n: int, out: Path) -> dict[str
     workdir = Path(tempfile.mkdtemp(prefix="gateway-bench-redis-"))
     secret = new_dev_secret()
     env = {**os.environ, DEMO_SECRET_ENV: secret, "PYTHONUNBUFFERED": "1"}
-    gateway_cpus, other_cpus = _placement()
+    gateway_cpus, other_cpus = split_cpus()
     before_affinity = os.sched_getaffinity(0)
     started = time.monotonic()
     try:

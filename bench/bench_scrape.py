@@ -40,7 +40,7 @@ from typing import Any
 import orjson
 
 from bench.loadgen import close_connections, http_post, open_connections, run_load
-from bench.procs import Child, gateway_command, start_simulator, wait_ready
+from bench.procs import Child, gateway_command, pct, split_cpus, start_simulator, wait_ready
 from gateway.auth import mint_dev_token
 from gateway.config.loader import load_config
 from gateway.testing.harness import DEMO_SECRET_ENV, default_policy, new_dev_secret, write_config
@@ -55,22 +55,6 @@ TARGET_RATIO = 1.5
 #: a scraper's own bounds: one answer, and the whole flood
 _SCRAPE_TIMEOUT_S = 10.0
 _MAX_ANSWER = 64 << 20
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
-
-
-def _placement() -> tuple[set[int] | None, set[int] | None]:
-    """(gateway, everything else); None, None with fewer than two CPUs."""
-    try:
-        cpus = sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return None, None
-    if len(cpus) < 2:
-        return None, None
-    return {cpus[0]}, set(cpus[1:])
 
 
 # ------------------------------------------------------------------ scrapers
@@ -293,7 +277,7 @@ def _figures(phase: dict[str, Any]) -> dict[str, Any]:
     ttft, stream = phase["ttft"], phase["stream"]
 
     def ms(values: list[float], q: float) -> float | None:
-        return round(_pct(values, q) * 1000, 3) if values else None
+        return round(pct(values, q) * 1000, 3) if values else None
 
     return {
         "ok": phase["ok"],
@@ -354,7 +338,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="gateway-bench-scrape-"))
     secret = new_dev_secret()
     env = {**os.environ, DEMO_SECRET_ENV: secret, "PYTHONUNBUFFERED": "1"}
-    gateway_cpus, other_cpus = _placement()
+    gateway_cpus, other_cpus = split_cpus()
     before_affinity = os.sched_getaffinity(0)
     started = time.monotonic()
     targets: list[Target] = []

@@ -118,3 +118,20 @@ def wait_ready(port: int, timeout_s: float = 20) -> None:
 
     if not eventually(ready, timeout_s):
         raise RuntimeError("gateway did not become ready")
+
+
+def pct(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nearest rank)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
+
+
+def split_cpus() -> tuple[set[int] | None, set[int] | None]:
+    """(the gateway's CPU, everything else's); None, None with fewer than two CPUs."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return None, None
+    if len(cpus) < 2:
+        return None, None
+    return {cpus[0]}, set(cpus[1:])
