@@ -14,27 +14,9 @@ from gateway.config import GatewayConfig
 from gateway.upstream.client import Upstream
 from gateway.upstream.launch import serve_identity
 from gateway.upstream.table import RouteTable, capacities
+from tests.upstream.test_launch import LAUNCH
 
 CHAT_A, CHAT_B, EMBED = "/srv/models/chat-a", "/srv/models/chat-b", "/srv/models/embed"
-BUNDLE = "ab" * 32
-LAUNCH: dict[str, Any] = {
-    "version": "0.9.2",
-    "binary_sha256": "12" * 32,
-    "model_public_id": "google/gemma-3-4b-it",
-    "model_revision": "0123456789abcdef0123456789abcdef01234567",
-    "model_bundle_sha256": BUNDLE,
-    "model_dir": f"/srv/mosaic-models/{BUNDLE}",
-    "format": "plain",
-    "port": 1234,
-    "max_seqs": 8,
-    "max_seq_len": 4096,
-    "max_batch_size": 1,
-    "paged_attn": "auto",
-    "prefix_cache_n": 16,
-    "max_num_images": 8,
-    "max_edge": 1024,
-    "device": "cpu",
-}
 
 
 def _two_workers(**admission: Any) -> GatewayConfig:
