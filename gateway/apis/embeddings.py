@@ -205,69 +205,62 @@ class JsonBody:
         if not self._eof:
             return NEED_DATA
         try:
-            parsed = self._loads(bytes(self._buf))
-        except (ValueError, RecursionError):
-            self._error = violation("Upstream answer is not valid JSON.")
-            raise self._error from None
-        self._buf.clear()
+            result = self._result()
+        except GatewayError as exc:
+            self._error = exc
+            # Not the parse's frames: they would hold the buffer as long as the error lives.
+            raise exc.with_traceback(None) from None
+        finally:
+            self._release()
         self._parsed = True
-        return parsed
+        return result
+
+    def _result(self) -> Any:
+        """The whole body, once it ended, as the caller's item."""
+        try:
+            return self._loads(bytes(self._buf))
+        except (ValueError, RecursionError):
+            raise violation("Upstream answer is not valid JSON.") from None
+
+    def _release(self) -> None:
+        self._buf.clear()
 
 
-class EmbeddingsBody:
-    """The worker's embeddings answer as a sans-I/O source (the interface of
-    :class:`JsonBody`): bytes in, bounded at ``max_bytes`` (refused as they
-    arrive, nothing more kept), held once; at the end, one
-    :class:`EmbeddingsAnswer` whose ``data`` is the worker's own bytes, then
+class EmbeddingsBody(JsonBody):
+    """The worker's embeddings answer as a sans-I/O source (:class:`JsonBody`'s
+    states): bytes in, bounded at ``max_bytes`` (refused as they arrive,
+    nothing more kept), held once; at the end, one :class:`EmbeddingsAnswer`
+    whose ``data`` is the worker's own bytes, then
     :class:`~gateway.core.sse.Done`."""
 
     def __init__(self, max_bytes: int, *, entries: int, budget: int, vector_bytes: int) -> None:
-        self._max = max_bytes
+        super().__init__(max_bytes)
         self._entries = entries
         self._budget = budget
         self._vector_bytes = vector_bytes
         # BytesIO grows in place and hands its bytes over without a copy.
-        self._buf: io.BytesIO | None = io.BytesIO()
-        self._eof = False
-        self._parsed = False
-        self._error: GatewayError | None = None
-        self.bytes_received = 0
+        self._held: io.BytesIO | None = io.BytesIO()
 
     def receive_data(self, data: bytes) -> None:
         if not data:
             self._eof = True
             return
         self.bytes_received += len(data)
-        if self._buf is None:
+        if self._held is None:
             return
         if self.bytes_received > self._max:
-            self._buf = None  # refused: nothing more is kept
+            self._held = None  # refused: nothing more is kept
             return
-        self._buf.write(data)
+        self._held.write(data)
 
-    def next_event(self) -> EmbeddingsAnswer | Done | NeedData:
-        if self._error is not None:
-            raise self._error.with_traceback(None)
-        if self._parsed:
-            return Done()
-        if self.bytes_received > self._max:
-            self._error = violation("Upstream answer exceeded the size limit.")
-            raise self._error
-        if not self._eof:
-            return NEED_DATA
-        try:
-            answer = self._answer()
-        except GatewayError as exc:
-            self._error = exc
-            # Not the scan's frames: they hold the buffer as long as the error lives.
-            raise exc.with_traceback(None) from None
-        finally:
-            self._buf = None
-        self._parsed = True
-        return answer
+    def _result(self) -> EmbeddingsAnswer:
+        return self._answer()
+
+    def _release(self) -> None:
+        self._held = None
 
     def _answer(self) -> EmbeddingsAnswer:
-        buf = self._buf
+        buf = self._held
         assert buf is not None
         view = buf.getbuffer()
         try:
