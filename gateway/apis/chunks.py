@@ -101,13 +101,19 @@ class ChunkDialect:
         # assembled at the end. A streaming caller needs frames only.
         self.collected = CollectedAnswer(kind, plan.alias, plan.body)
 
-    def on_item(self, chunk: Chunk) -> bytes | None:
+    def observe(self, chunk: Chunk) -> None:
+        """Count a validated chunk (and keep it for a non-streaming caller's
+        answer) without framing it: another dialect may show it its own way."""
         if chunk.text or chunk.finish_reason:
             self.has_content = True
         if chunk.text:
             self.content_chunks += 1
         if self.collect:
             self.collected.note(chunk)
+
+    def on_item(self, chunk: Chunk) -> bytes | None:
+        self.observe(chunk)
+        if self.collect:
             return None
         data = chunk.data
         data["id"] = self.id

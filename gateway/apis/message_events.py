@@ -71,12 +71,12 @@ class MessagesDialect:
     """One chat answer from the worker, for an Anthropic caller."""
 
     def __init__(self, plan: Plan, bounds: StreamBounds, *, collect: bool) -> None:
-        # Chat's dialect reads and checks the worker's stream and keeps the
-        # answer; this one only shows it the Anthropic way.
+        # Chat's dialect reads and checks the worker's stream (and keeps a
+        # non-streaming caller's answer); this one only shows it the Anthropic way.
         # Chat's answer cuts at chat's ``stop``: give it the message's stop_sequences.
         stops = {"stop": plan.body.get("stop_sequences") or []}
         self.chat = ChunkDialect(
-            "chat", dataclasses.replace(plan, body=stops), bounds, collect=True
+            "chat", dataclasses.replace(plan, body=stops), bounds, collect=collect
         )
         self._terminal: bytes | None = None
         self.alias = plan.alias
@@ -99,7 +99,7 @@ class MessagesDialect:
         return self.chat.has_content
 
     def on_item(self, chunk: Chunk) -> bytes | None:
-        self.chat.on_item(chunk)
+        self.chat.observe(chunk)
         choices = chunk.data.get("choices")
         choice = choices[0] if choices else None
         if choice is not None and isinstance(choice.get("stop_sequence"), str):
