@@ -189,10 +189,6 @@ class ResponseBook:
             return (noted[0], noted[1], noted[3]) if noted[2] > self._clock() else None
         return await anyio.to_thread.run_sync(self._catalog.response_entry, tenant, response_id)
 
-    async def alias(self, tenant: str, response_id: str) -> str | None:
-        found = await self.entry(tenant, response_id)
-        return None if found is None else found[0]
-
     async def forget(self, tenant: str, response_id: str) -> None:
         async with self._writing:
             # The catalog first: a delete that fails leaves the id as it was.

@@ -191,9 +191,6 @@ class FakeResponses:
         #: (tenant, response id) -> alias, for ``alias``
         self.owned = owned or {}
 
-    async def alias(self, tenant: str, response_id: str) -> str | None:
-        return self.owned.get((tenant, response_id))
-
     async def entry(
         self, tenant: str, response_id: str
     ) -> tuple[str, bytes | None, str | None] | None:
