@@ -23,6 +23,7 @@ from gateway.config.listen import CorsConfig, ListenConfig, TLSConfig
 from gateway.config.observe import AuditConfig, LoggingConfig, MetricsConfig, MetricsListen
 from gateway.config.responses import ResponsesConfig
 from gateway.config.staging import StagingConfig
+from gateway.config.state import StateConfig
 from gateway.config.upstream import (
     UPSTREAM_NAME,
     ConfirmCancelConfig,
@@ -56,6 +57,7 @@ __all__ = [
     "RelPath",
     "ResponsesConfig",
     "StagingConfig",
+    "StateConfig",
     "TLSConfig",
     "UpstreamConfig",
     "is_loopback_host",

@@ -17,6 +17,7 @@ from gateway.config.listen import CorsConfig, ListenConfig
 from gateway.config.observe import AuditConfig, LoggingConfig, MetricsConfig
 from gateway.config.responses import ResponsesConfig
 from gateway.config.staging import StagingConfig
+from gateway.config.state import StateConfig
 from gateway.config.upstream import UpstreamConfig
 
 
@@ -59,6 +60,11 @@ class GatewayConfig(Model):
     limits_store: LimitsStoreConfig = Field(
         LimitsStoreConfig(),
         description="Where tenant rate limits are counted: this process, or Redis (spec §15).",
+    )
+
+    state: StateConfig = Field(
+        StateConfig(),
+        description="Evidence, leases and kept responses: SQLite (one replica) or PostgreSQL (§17).",
     )
 
     @model_validator(mode="after")

@@ -57,6 +57,7 @@ _CODES: dict[str, tuple[int, str]] = {
     "upstream_not_ready": (503, "upstream_not_ready"),
     "audit_unavailable": (503, "server_error"),
     "limits_unavailable": (503, "server_error"),
+    "state_unavailable": (503, "server_error"),
     "upstream_timeout": (504, "upstream_timeout"),
     "http_version_not_supported": (505, "invalid_request_error"),
 }
@@ -98,6 +99,7 @@ _DEFAULT_MESSAGES: dict[str, str] = {
     "response_not_found": "No such response.",
     "audit_unavailable": "Receipts cannot be written right now; try again later.",
     "limits_unavailable": "Rate limits cannot be checked right now; try again later.",
+    "state_unavailable": "The shared state store is unavailable right now; try again later.",
 }
 
 

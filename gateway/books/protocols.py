@@ -1,0 +1,153 @@
+"""The state seam (spec §17): what the gateway keeps for callers, behind protocols.
+
+Two backends implement every book: SQLite (the embedded default, one
+replica; its blocking calls run in threads hidden inside) and PostgreSQL
+(shared by every replica). The pipeline and the HTTP handlers see only these
+protocols, so the next backend plugs in without an ``if backend == …``.
+
+Every method may raise ``GatewayError("state_unavailable")`` (the store is
+unreachable, slower than ``state.timeout_ms``, or refused the write) and
+nothing else of the backend's own: each implementation translates its
+driver's errors at the seam.
+
+Blobs (the evidence files themselves) stay digest-named files on
+``staging.dir`` (``gateway/books/evidence/store.py``), a volume every replica
+mounts; object storage would be another implementation of that store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway.books.evidence.catalog import EvidenceRecord
+
+
+@dataclass(frozen=True, slots=True)
+class KeptResponse:
+    """One relayed Responses answer the gateway keeps for its tenant (spec §17)."""
+
+    tenant: str
+    #: the gateway's id (``resp_…``, spec §21): what callers name
+    id: str
+    #: the policy alias it was asked for (a follow-up must name the same route)
+    alias: str
+    #: unix seconds; the tenant's oldest kept responses are forgotten first
+    created: float
+    #: unix seconds: past it the row is invisible and deleted by the sweep
+    expires: int
+    #: the gateway id this response followed (``previous_response_id``), if any
+    previous_id: str | None
+    #: JSON array: this request's own input items, as the caller sent them (ids filled)
+    input_items: bytes
+    #: JSON array: the response's output items
+    output_items: bytes
+    #: the terminal response object for ``GET`` (None: not kept for GET)
+    body: bytes | None
+    #: the worker's own id of it (receipts only; the worker keeps nothing: store false)
+    upstream_id: str | None = None
+
+    @property
+    def size(self) -> int:
+        """Bytes it holds, as ``responses.max_bytes`` counts them."""
+        return len(self.input_items) + len(self.output_items) + len(self.body or b"")
+
+
+class ResponseStore(Protocol):
+    """Kept responses and their conversations, shared or local."""
+
+    async def keep(self, rows: Sequence[KeptResponse], max_bytes: Mapping[str, int]) -> None:
+        """Write ``rows`` in one transaction (a row of the same tenant and id
+        replaces the old one), then forget each tenant's oldest kept responses
+        until what it keeps is within ``max_bytes[tenant]``."""
+        ...
+
+    async def get(self, tenant: str, response_id: str, now: float) -> KeptResponse | None:
+        """The tenant's live kept response; None when unknown, foreign or expired."""
+        ...
+
+    async def chain(
+        self, tenant: str, response_id: str, now: float, max_links: int
+    ) -> list[KeptResponse]:
+        """The conversation ending at ``response_id``, oldest first, at most
+        ``max_links`` of it; [] when ``response_id`` is not the tenant's live id.
+        When the oldest returned has a ``previous_id``, an earlier link is gone
+        (forgotten, expired or past ``max_links``)."""
+        ...
+
+    async def forget(self, tenant: str, response_id: str) -> bool:
+        """Forget one kept response; whether it was there."""
+        ...
+
+    async def expire(self, now: float) -> int:
+        """Delete every row past its expiry, bodies and all; how many."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class EvidenceCatalog(Protocol):
+    """Evidence records, quotas and leases (spec §5, §13, §17)."""
+
+    async def add(
+        self,
+        *,
+        tenant: str,
+        sha256: str,
+        media_type: str,
+        ext: str,
+        size: int,
+        locator_sha256: str | None,
+        quota: tuple[int, int] | None = None,
+        not_before: int = 0,
+    ) -> EvidenceRecord:
+        """Insert a record; with ``quota`` = (max records, max bytes) refuse
+        ``evidence_quota_exceeded`` in the same transaction if it would pass."""
+        ...
+
+    async def find_same(
+        self,
+        tenant: str,
+        sha256: str,
+        locator_sha256: str | None,
+        not_before: int = 0,
+        exclude: frozenset[str] = frozenset(),
+    ) -> EvidenceRecord | None: ...
+
+    async def usage(self, tenant: str, not_before: int = 0) -> tuple[int, int]: ...
+
+    async def page(
+        self, tenant: str, limit: int, after: str | None = None, not_before: int = 0
+    ) -> tuple[list[EvidenceRecord], bool]: ...
+
+    async def expire(self, tenant: str, not_before: int) -> list[EvidenceRecord]: ...
+
+    async def get(
+        self, tenant: str, evidence_id: str, not_before: int = 0
+    ) -> EvidenceRecord | None: ...
+
+    async def delete(self, tenant: str, evidence_id: str) -> EvidenceRecord | None: ...
+
+    async def take_leases(
+        self, request_id: str, records: Sequence[EvidenceRecord], not_before: int, ttl_s: float
+    ) -> None:
+        """Lease every record for ``request_id`` until ``ttl_s`` from now, or
+        none (``evidence_not_found`` if any is gone)."""
+        ...
+
+    async def release_leases(self, request_id: str) -> list[tuple[str, str]]:
+        """Drop a request's leases; the distinct (sha256, ext) they held."""
+        ...
+
+    async def is_referenced(self, sha256: str) -> bool:
+        """Whether a record or an unexpired lease names the digest."""
+        ...
+
+    async def active_leases(self) -> int: ...
+
+    async def sweep_leases(self) -> list[tuple[str, str]]:
+        """Drop expired leases (a crashed replica's); the (sha256, ext) they held."""
+        ...
+
+    async def close(self) -> None: ...
