@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup lint test demo demo-engine bench soak fuzz clean redis-server
+.PHONY: setup lint test demo demo-engine bench soak fuzz clean redis-server postgresql
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,11 @@ lint: setup
 redis-server:
 	@bash tests/support/ensure-redis-server.sh
 
-test: lint redis-server
+# The state-store tests run real PostgreSQL servers of their own.
+postgresql:
+	@bash tests/support/ensure-postgresql.sh
+
+test: lint redis-server postgresql
 	$(BIN)/pytest -q -p no:cacheprovider
 
 demo: setup
@@ -42,7 +46,7 @@ bench: setup
 soak: setup
 	GATEWAY_SOAK=long $(BIN)/pytest -q -p no:cacheprovider tests/test_soak.py -s
 
-fuzz: setup redis-server
+fuzz: setup redis-server postgresql
 	GATEWAY_FUZZ=long $(BIN)/pytest -q -p no:cacheprovider -m fuzz -s --hypothesis-show-statistics
 
 clean:

@@ -9,6 +9,7 @@ import pytest
 
 from gateway.testing.harness import DEMO_SECRET_ENV
 from tests.support.jwt import HS_SECRET
+from tests.support.postgres import PostgresServer, database_name, postgres_server
 from tests.support.redis import RedisServer, redis_server
 from tests.support.stack import Stack, running_stack
 
@@ -43,4 +44,27 @@ def redis_url(shared_redis: RedisServer) -> str:
 def own_redis() -> Iterator[RedisServer]:
     """A server of this test's own, to stop, pause and restart."""
     with redis_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def shared_postgres() -> Iterator[PostgresServer]:
+    """One real PostgreSQL server for the session (loopback, no durability)."""
+    with postgres_server() as server:
+        yield server
+
+
+@pytest.fixture
+def postgres_dsn(shared_postgres: PostgresServer, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh database of this test's own on the session's server: its DSN.
+    Dropped afterwards (sessions the test left open are ended)."""
+    name = database_name(request.node.name)
+    yield shared_postgres.new_database(name)
+    shared_postgres.drop_database(name)
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[PostgresServer]:
+    """A server of this test's own, to pause, kill and start again."""
+    with postgres_server() as server:
         yield server

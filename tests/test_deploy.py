@@ -40,6 +40,9 @@ APP = {"app.kubernetes.io/name": "mistralrs-gateway"}
 UPSTREAMS = ("chat", "embed")
 CONTAINERS = ("gateway", *(f"worker-{name}" for name in UPSTREAMS))
 MODELS_PVC = "mosaic-models"
+AUDIT_PVC = "mistralrs-gateway-audit"
+EVIDENCE_PVC = "mistralrs-gateway-evidence"
+STATE_SECRET = "mistralrs-gateway-state"
 
 Doc = dict[str, Any]
 
@@ -408,6 +411,13 @@ def test_writable_paths_are_volumes(pod: Doc, config: GatewayConfig) -> None:
         assert "emptyDir" in source or "persistentVolumeClaim" in source
 
 
+def claim_named(docs: list[Doc], name: str) -> Doc:
+    (pvc,) = [
+        d for d in docs if d["kind"] == "PersistentVolumeClaim" and d["metadata"]["name"] == name
+    ]
+    return pvc
+
+
 def quantity(text: str) -> int:
     units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
     match = re.fullmatch(r"([0-9]+)(Ki|Mi|Gi|Ti)", text)
@@ -427,8 +437,8 @@ def test_receipts_go_to_a_directory_of_the_pods_own_on_shared_storage(
     env = {e["name"]: e for e in gateway["env"]}
     assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     claim = volumes(pod)[mount["name"]]["persistentVolumeClaim"]["claimName"]
-    (pvc,) = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
-    assert pvc["metadata"]["name"] == claim == "mistralrs-gateway-audit"
+    assert claim == AUDIT_PVC
+    pvc = claim_named(docs, claim)
     # Mounted by every replica and the surge pod, on whatever nodes they land.
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
     # Rotation bounds each pod's files; the volume holds every live pod's full set.
@@ -444,11 +454,15 @@ def test_receipts_go_to_a_directory_of_the_pods_own_on_shared_storage(
 
 
 def test_evidence_is_writable_by_gateway_read_only_in_workers(
-    pod: Doc, config: GatewayConfig
+    docs: list[Doc], pod: Doc, config: GatewayConfig
 ) -> None:
     gateway_mount = covering_mount(container(pod, "gateway"), PurePosixPath(config.staging.dir))
     assert gateway_mount["mountPath"] == str(config.staging.dir)
-    assert "emptyDir" in volumes(pod)[gateway_mount["name"]]
+    assert "subPath" not in gateway_mount and "subPathExpr" not in gateway_mount
+    # One volume for every replica: the records in PostgreSQL name its files.
+    claim = volumes(pod)[gateway_mount["name"]]["persistentVolumeClaim"]["claimName"]
+    assert claim == EVIDENCE_PVC
+    assert claim_named(docs, claim)["spec"]["accessModes"] == ["ReadWriteMany"]
     for worker in workers(pod):
         for m in worker["volumeMounts"]:
             if m["name"] == gateway_mount["name"]:
@@ -519,6 +533,40 @@ def test_secrets_are_not_in_the_manifests(docs: list[Doc], pod: Doc) -> None:
             assert "value" not in env or not re.search(
                 r"KEY|SECRET|TOKEN|PASSWORD", env["name"], re.IGNORECASE
             )
+
+
+# --- the shared state store (state, a managed PostgreSQL) ---------------------------
+
+
+def test_the_replicas_share_state_through_postgres(
+    config: GatewayConfig, deployment: Doc, pod: Doc
+) -> None:
+    """Several replicas, so records are shared (spec §17), the DSN only by Secret reference."""
+    assert deployment["spec"]["replicas"] >= 2 and config.limits_store.backend == "redis"
+    assert config.state.backend == "postgres"
+    env = {e["name"]: e for e in container(pod, "gateway")["env"]}
+    dsn = env[config.state.dsn_env]
+    assert set(dsn) == {"name", "valueFrom"}  # never a value in the manifest
+    assert dsn["valueFrom"] == {
+        "secretKeyRef": {"name": STATE_SECRET, "key": "dsn", "optional": False}
+    }
+    # the DSN holds a password: no file of deploy/ names a postgresql:// URL with one
+    for path in yaml_files():
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"postgres(ql)?://[^\s:@/]+:[^\s@<]+@", text), path
+
+
+def test_the_evidence_volume_holds_every_tenants_quota(docs: list[Doc], loaded: Loaded) -> None:
+    pvc = claim_named(docs, EVIDENCE_PVC)
+    quotas = sum(t.policy.evidence.max_bytes for t in loaded.policies.tenants.values())
+    assert quotas <= quantity(pvc["spec"]["resources"]["requests"]["storage"])
+
+
+def test_the_service_has_no_session_affinity(docs: list[Doc]) -> None:
+    # Every replica serves every id: affinity would only unbalance the pods.
+    service = only(docs, "Service")["spec"]
+    assert service.get("sessionAffinity", "None") == "None"
+    assert "sessionAffinityConfig" not in service
 
 
 # --- kustomization and the policies ConfigMap ------------------------------------------
@@ -613,13 +661,20 @@ def test_network_policy_admits_callers_to_8443_and_monitoring_to_metrics(
     assert "Egress" in policy["policyTypes"]
 
 
-def test_gateway_egress_is_only_redis_and_dns(docs: list[Doc], redis_docs: list[Doc]) -> None:
+def test_gateway_egress_is_only_redis_postgres_and_dns(
+    docs: list[Doc], redis_docs: list[Doc]
+) -> None:
     policy = only(docs, "NetworkPolicy")["spec"]
-    to_redis, to_dns = policy["egress"]
+    to_redis, to_postgres, to_dns = policy["egress"]
     redis_pods = only(redis_docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
     assert to_redis["to"] == [{"podSelector": {"matchLabels": redis_pods}}]
     redis_port = only(redis_docs, "Service")["spec"]["ports"][0]["port"]
     assert to_redis["ports"] == [{"port": redis_port, "protocol": "TCP"}]
+    # The managed PostgreSQL: one address block (never the whole internet), its port.
+    (peer,) = to_postgres["to"]
+    assert set(peer) == {"ipBlock"} and set(peer["ipBlock"]) == {"cidr"}
+    assert not peer["ipBlock"]["cidr"].endswith("/0")
+    assert to_postgres["ports"] == [{"port": 5432, "protocol": "TCP"}]
     (dns,) = to_dns["to"]
     assert dns["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}
     assert dns["namespaceSelector"]

@@ -20,7 +20,9 @@ does not know (its whole request would be a 422) and could not honour (its
 Responses stream carries no logprobs). The output bound is
 ``max_output_tokens`` (``max_tokens`` and ``max_completion_tokens`` are the
 worker's aliases for it). A ``previous_response_id`` is handed to the
-pipeline, which forwards it only for the tenant's own response ids.
+pipeline, which forwards the tenant's own kept conversation in its place
+(``conversation.py``); the worker always gets ``store: false`` and never a
+``previous_response_id`` (spec §17).
 
 The worker's named-event stream is read by :class:`ResponsesGrammar`
 (below); the caller gets the same events with ``model`` set back to the
@@ -30,7 +32,7 @@ alias, or, non-streaming, the terminal event's response object.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from gateway.apis.base import (
@@ -70,6 +72,7 @@ from gateway.apis.fields import (
 from gateway.apis.media import check_count, plan_url
 from gateway.apis.response_events import ResponsesDialect
 from gateway.apis.sampling import ENGINE_SAMPLING, HARMLESS_FIELDS, STREAM_OPTIONS, compiled_bytes
+from gateway.config.policy import Tenant
 from gateway.core.errors import GatewayError
 
 RESPONSE_ID = re.compile(r"resp_[A-Za-z0-9-]{1,64}")
@@ -270,6 +273,54 @@ def _input(value: Any, path: str) -> Any:
     return list_of(_input_item, min_items=1)(value, path)
 
 
+def _part_path(index: int, part_index: int) -> str:
+    return item(child(item("input", index), "content"), part_index)
+
+
+def plan_items(
+    items: list[dict[str, Any]],
+    tenant: Tenant,
+    plan: Plan,
+    where: Callable[[int, int], str],
+    flat: int = 0,
+) -> tuple[int, bool, int]:
+    """Plan validated input items in place (media URLs become placeholders and
+    :class:`MediaRef` entries of ``plan``): (prompt bytes, any text, the flat
+    part index after them). ``where(i, j)`` is what a refusal of part ``j`` of
+    item ``i`` names."""
+    prompt, has_text = 0, False
+    for index, entry in enumerate(items):
+        if "call_id" in entry:
+            prompt += json_size(entry)
+            continue
+        content = entry["content"]
+        if isinstance(content, str):
+            prompt += text_size(content)
+            has_text = has_text or bool(content)
+            continue
+        kept = []
+        for part_index, part in enumerate(content):
+            kind = part["type"]
+            if kind in _TEXT_PARTS:
+                text = part[_TEXT_PARTS[kind]]
+                prompt += text_size(text)
+                has_text = has_text or bool(text)
+                kept.append(part)
+            else:
+                part_path = where(index, part_index)
+                if entry["role"] != "user":
+                    raise invalid(part_path, "is a media part outside a user message")
+                inner = part["image_url"]
+                url = inner if isinstance(inner, str) else inner["url"]
+                placeholder = plan_url(url, "image", flat, tenant, plan, part_path)
+                if placeholder is not None:
+                    shown = placeholder if isinstance(inner, str) else {"url": placeholder}
+                    kept.append({"type": kind, "image_url": shown})
+            flat += 1
+        entry["content"] = kept
+    return prompt, has_text, flat
+
+
 FIELDS: dict[str, Spec] = {
     "model": string,
     "input": _input,
@@ -340,7 +391,11 @@ class ResponsesApi:
             tools_requested=bool(clean.get("tools")),
             previous_response_id=previous,
         )
-        prompt, has_text = self._plan_input(clean, ctx, plan)
+        value = clean["input"]
+        if isinstance(value, str):
+            prompt, has_text = text_size(value), bool(value)
+        else:
+            prompt, has_text, _ = plan_items(value, tenant, plan, _part_path)
         instructions = clean.get("instructions") or ""
         prompt += text_size(instructions)
         if has_text or instructions:
@@ -356,47 +411,15 @@ class ResponsesApi:
         check_count(plan, tenant, "input")
         return plan
 
-    def _plan_input(self, body: dict[str, Any], ctx: PlanContext, plan: Plan) -> tuple[int, bool]:
-        value = body["input"]
-        if isinstance(value, str):
-            return text_size(value), bool(value)
-        prompt, has_text, flat = 0, False, 0
-        for index, entry in enumerate(value):
-            where = item("input", index)
-            if "call_id" in entry:
-                prompt += json_size(entry)
-                continue
-            content = entry["content"]
-            if isinstance(content, str):
-                prompt += text_size(content)
-                has_text = has_text or bool(content)
-                continue
-            kept = []
-            for part_index, part in enumerate(content):
-                part_path = item(child(where, "content"), part_index)
-                kind = part["type"]
-                if kind in _TEXT_PARTS:
-                    text = part[_TEXT_PARTS[kind]]
-                    prompt += text_size(text)
-                    has_text = has_text or bool(text)
-                    kept.append(part)
-                else:
-                    if entry["role"] != "user":
-                        raise invalid(part_path, "is a media part outside a user message")
-                    inner = part["image_url"]
-                    url = inner if isinstance(inner, str) else inner["url"]
-                    placeholder = plan_url(url, "image", flat, ctx.tenant, plan, part_path)
-                    if placeholder is not None:
-                        shown = placeholder if isinstance(inner, str) else {"url": placeholder}
-                        kept.append({"type": kind, "image_url": shown})
-                flat += 1
-            entry["content"] = kept
-        return prompt, has_text
-
     def forward(self, plan: Plan, route: str) -> dict[str, Any]:
         body = dict(plan.body)
         for name in ("max_tokens", "max_completion_tokens", "stream_options"):
             body.pop(name, None)
+        # The conversation is the gateway's (spec §17): the pipeline forwards the
+        # chain as explicit items (``conversation.expand``), and the worker keeps
+        # nothing of it (its in-memory store has no TTL and no bound).
+        body.pop("previous_response_id", None)
+        body["store"] = False
         body["model"] = route
         body["stream"] = True
         body["max_output_tokens"] = plan.max_tokens

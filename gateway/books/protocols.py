@@ -19,9 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from gateway.books.evidence.catalog import EvidenceRecord
+if TYPE_CHECKING:
+    # Type-only: the evidence package's service imports these protocols.
+    from gateway.books.evidence.catalog import EvidenceRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +150,11 @@ class EvidenceCatalog(Protocol):
 
     async def sweep_leases(self) -> list[tuple[str, str]]:
         """Drop expired leases (a crashed replica's); the (sha256, ext) they held."""
+        ...
+
+    async def recover_leases(self) -> int:
+        """At this replica's start: drop the leases a crashed run may have left
+        (one replica: all of them; shared: the expired ones); how many."""
         ...
 
     async def close(self) -> None: ...

@@ -31,6 +31,14 @@ Rules:
 - ``rotate_bytes`` rotates the file to ``<path>.1`` … ``<path>.<keep>`` before
   a batch would pass that size; :meth:`ReceiptWriter.reopen` (SIGHUP) reopens
   the path for an external logrotate.
+- Each line is a link of this replica's chain (``replica``, ``seq``,
+  ``prev_sha256``: gateway/books/receipt_chain.py), stamped as it is queued
+  (the queue is the file's order), on through rotations and reopens, and on
+  from the file's last line after a restart. A receipt lost past the bound
+  still takes its seq, so the chain shows where receipts were lost.
+- :meth:`ReceiptWriter.start` takes the path's lock (gateway/books/audit_file.py)
+  and holds it until :meth:`ReceiptWriter.aclose`; a second writer on the path
+  gets :class:`AuditFileHeld` and writes nothing.
 - :meth:`ReceiptWriter.flush` and :meth:`ReceiptWriter.aclose` wait at most
   their timeout (a drain must not hang on a full disk) and report how many
   receipts they could not write.
@@ -52,8 +60,18 @@ import anyio.to_thread
 import orjson
 
 from gateway.apis.usage import Usage
+from gateway.books import audit_file
+from gateway.books.audit_file import AuditFileHeld
+from gateway.books.receipt_chain import ChainHead
 
-__all__ = ["MAX_SUBJECT_CHARS", "Receipt", "ReceiptWriter", "Usage", "receipt_line"]
+__all__ = [
+    "MAX_SUBJECT_CHARS",
+    "AuditFileHeld",
+    "Receipt",
+    "ReceiptWriter",
+    "Usage",
+    "receipt_line",
+]
 
 log = logging.getLogger("gateway.receipts")
 
@@ -111,6 +129,10 @@ class Receipt:
     created: float = 0.0
     #: U+0000 characters replaced by U+FFFD in the streamed text (upstream.text_nul)
     nul_replaced: int = 0
+    #: the replica's chain (gateway/books/receipt_chain.py), stamped by the writer
+    replica: str | None = None
+    seq: int | None = None
+    prev_sha256: str | None = None
 
 
 def receipt_line(receipt: Receipt) -> bytes:
@@ -137,6 +159,7 @@ class ReceiptWriter:
         self,
         path: Path,
         *,
+        replica: str = "replica",
         max_pending: int = 100_000,
         rotate_bytes: int = 0,
         keep: int = 10,
@@ -145,6 +168,8 @@ class ReceiptWriter:
         on_pending: Callable[[int], None] | None = None,
     ) -> None:
         self._path = path
+        self._chain = ChainHead(replica)
+        self._lock: int | None = None
         self._max_pending = max_pending
         self._rotate_bytes = rotate_bytes
         self._keep = keep
@@ -178,12 +203,15 @@ class ReceiptWriter:
         return len(self._pending)
 
     async def start(self) -> None:
-        await anyio.to_thread.run_sync(self._open)
-        await anyio.to_thread.run_sync(self._end_torn_line)
+        """Take the path's lock (:class:`AuditFileHeld`: another writer has it),
+        find where the chain left off, open the file."""
+        await anyio.to_thread.run_sync(self._start)
         self._task = asyncio.create_task(self._run(), name="receipt-writer")
 
     def write(self, receipt: Receipt) -> None:
         """Queue one receipt; never blocks the event loop."""
+        # Taken before the bound: a lost receipt's seq is the mark it leaves in the chain.
+        seq = self._chain.advance()
         if len(self._pending) >= self._max_pending:
             self.lost += 1
             if self._on_lost is not None:
@@ -196,7 +224,11 @@ class ReceiptWriter:
                     len(self._pending),
                 )
             return
-        self._pending.append(receipt_line(receipt))
+        receipt.replica, receipt.seq = self._chain.replica, seq
+        receipt.prev_sha256 = self._chain.last_sha256
+        line = receipt_line(receipt)
+        self._chain.link(line)
+        self._pending.append(line)
         self._changed()
         self._idle.clear()
         self._wakeup.set()
@@ -238,6 +270,7 @@ class ReceiptWriter:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        self._unlock()
         return unwritten
 
     # -- the flusher ------------------------------------------------------------
@@ -293,7 +326,24 @@ class ReceiptWriter:
         if self._on_pending is not None:
             self._on_pending(len(self._pending))
 
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            audit_file.unlock(self._lock)
+            self._lock = None
+
     # -- in the worker thread ---------------------------------------------------
+
+    def _start(self) -> None:
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = audit_file.lock(self._path)
+        try:
+            # Under the lock: no other writer moves the file's end meanwhile.
+            self._chain = ChainHead.resume(self._chain.replica, audit_file.last_line(self._path))
+            self._open()
+            self._end_torn_line()
+        except BaseException:
+            self._unlock()
+            raise
 
     def _open(self) -> None:
         self._path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,22 +1,29 @@
-"""Whose Responses ids are whose (spec §14): the catalog table with an in-memory front.
+"""The kept Responses answers and their conversations (spec §14, §17), over any
+:class:`~gateway.books.protocols.ResponseStore`.
 
-An id becomes the tenant's before the caller can use it -- noted in memory
-(:meth:`ResponseBook.note`, on the event loop, no I/O) right before the
-stream's ``[DONE]`` or the non-streaming answer goes out. A flusher task
-writes what was noted to the catalog in batches, one transaction per batch
-(one fsync for many streams: a write per stream cost a Responses stream a
-tenth of its CPU), at most :data:`LINGER_S` after the first note. Lookups
-look in memory first, then in the catalog; both honour ``responses.ttl_s``.
-A write that fails (a full staging volume) keeps the batch in memory and is
-retried with backoff; the kept bodies waiting are bounded by
-:data:`MAX_PENDING_BODY_BYTES` (past it, new ids are kept without a body:
-``GET`` answers ``response_not_found`` for them while a previous_response_id
-still works).
+Theory of operation:
 
-The terminal response object is kept with the id (unless the caller sent
-``store: false``, or it is over :data:`MAX_KEPT_BYTES`): the gateway always
-streams from the worker (spec §9), and the worker keeps no streamed response
-for ``GET``, so ``GET /v1/responses/{id}`` is answered from this copy.
+- A relayed answer is kept (:meth:`ResponseBook.keep`) before the caller can
+  use its id: before the stream's ``[DONE]``, before the non-streaming
+  answer. ``keep`` returns only once the row is committed, so a follow-up
+  through any replica finds it (spec §17: "the answer is sent after the
+  commit").
+- Group commit: the first keep of a quiet moment starts a commit task, which
+  waits :data:`LINGER_S` for others and then writes every row noted so far
+  in one ``store.keep`` (one transaction, one fsync, for many streams). Rows
+  noted while a commit runs go into the next one, at once. Every waiter is
+  released when its batch committed, or gets ``state_unavailable`` when it
+  failed.
+- Every call is bounded by ``state.timeout_ms`` (``timeout_s``): past it the
+  caller gets ``state_unavailable``. A keep that timed out may still commit
+  afterwards; its caller was told to try again, and a second copy is only a
+  second kept response.
+- Expiry: a row past ``responses.ttl_s`` is invisible to every lookup (the
+  store compares ``expires``) and is deleted, body and all, by the sweep
+  :meth:`start` runs every ``sweep_s``.
+- The body kept for ``GET`` is at most :data:`MAX_KEPT_BYTES`; a larger one is
+  kept without it (``GET`` answers 404 ``response_not_found``) while its
+  items still carry the conversation.
 """
 
 from __future__ import annotations
@@ -24,174 +31,194 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
-import anyio.to_thread
-
-from gateway.apis.responses import RESPONSE_ID
-from gateway.books.evidence.catalog import Catalog, ResponseRow
+from gateway.books.protocols import KeptResponse, ResponseStore
 from gateway.core.errors import GatewayError
 
+T = TypeVar("T")
 log = logging.getLogger("gateway.responses")
 
 #: the largest response object kept for GET
 MAX_KEPT_BYTES = 1 << 20
-#: kept bodies waiting for the catalog, at most (a failing volume must not grow memory)
-MAX_PENDING_BODY_BYTES = 64 << 20
-#: ids waiting for the catalog, at most; past it a new id is not noted (logged,
-#: and the caller's later previous_response_id or GET finds nothing)
-MAX_PENDING_IDS = 100_000
-#: how long the flusher waits after a note for others to share its write
-LINGER_S = 0.02
-#: retry delays while the catalog write fails: doubling from the first, capped at the last
-_BACKOFF_S = (0.1, 5.0)
-#: (alias, kept response object, the worker's id of it)
-Entry = tuple[str, bytes | None, str | None]
-_Key = tuple[str, str]
+#: how long a commit waits after the first keep for others to share its write
+LINGER_S = 0.002
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    # Every waiter may have given up (timed out, disconnected): the failure is
+    # still read, so asyncio does not report it as never retrieved.
+    if not future.cancelled():
+        future.exception()
 
 
 class ResponseBook:
     def __init__(
-        self, catalog: Catalog, ttl_s: int, clock: Callable[[], float] = time.time
+        self,
+        store: ResponseStore,
+        *,
+        ttl_s: int,
+        timeout_s: float,
+        sweep_s: float = 60.0,
+        linger_s: float = LINGER_S,
+        clock: Callable[[], float] = time.time,
     ) -> None:
-        self._catalog = catalog
+        self.store = store
         self._ttl_s = ttl_s
+        self._timeout_s = timeout_s
+        self._sweep_s = sweep_s
+        self._linger_s = linger_s
         self._clock = clock
-        # Lookups read the front from request tasks while a batch is built; the
-        # catalog write itself runs in a thread, so the front has its own lock.
-        self._lock = threading.Lock()
-        #: (tenant, id) -> (alias, kept body, expiry) noted but not yet in the catalog
-        self._pending: dict[_Key, tuple[str, bytes | None, float, str | None]] = {}
-        self._pending_bytes = 0
-        #: past MAX_PENDING_IDS (logged once per episode)
-        self._full = False
-        #: serializes catalog writes of the flusher with forgets (no forgotten id rewritten)
-        self._writing = asyncio.Lock()
-        self._wakeup = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        #: the batch being gathered: (tenant, id) -> row, a later keep of one id wins
+        self._rows: dict[tuple[str, str], KeptResponse] = {}
+        self._bounds: dict[str, int] = {}
+        self._batch: asyncio.Future[None] | None = None
+        self._committer: asyncio.Task[None] | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._closed = False
+        #: commits written (batches, not rows)
+        self.commits = 0
+        #: the last commit or sweep failed (logged once per episode)
+        self._failing = False
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._flusher(), name="response-book")
+        self._sweeper = asyncio.create_task(self._sweep(), name="response-expiry")
 
-    @property
-    def pending(self) -> int:
-        with self._lock:
-            return len(self._pending)
-
-    def note(
+    def row(
         self,
+        *,
         tenant: str,
         response_id: str,
         alias: str,
+        previous_id: str | None,
+        input_items: bytes,
+        output_items: bytes,
         body: bytes | None,
-        upstream_id: str | None = None,
-    ) -> None:
-        if not RESPONSE_ID.fullmatch(response_id):
-            # An id no caller could name (the worker's, unchecked otherwise).
-            return
-        with self._lock:
-            if len(self._pending) >= MAX_PENDING_IDS and (tenant, response_id) not in self._pending:
-                self._prune()
-                if len(self._pending) >= MAX_PENDING_IDS:
-                    if not self._full:
-                        log.error(
-                            "responses: %d ids wait for the catalog; new ids are not kept",
-                            len(self._pending),
-                        )
-                    self._full = True
-                    return
-            self._full = False
-            if body is not None and (
-                len(body) > MAX_KEPT_BYTES
-                or self._pending_bytes + len(body) > MAX_PENDING_BODY_BYTES
-            ):
-                body = None
-            self._drop((tenant, response_id))
-            expires = self._clock() + self._ttl_s
-            self._pending[(tenant, response_id)] = (alias, body, expires, upstream_id)
-            if body is not None:
-                self._pending_bytes += len(body)
-        self._wakeup.set()
-
-    def _prune(self) -> None:
-        """Forget pending ids past their expiry (under the lock)."""
+        upstream_id: str | None,
+    ) -> KeptResponse:
+        """A row to keep, stamped now and expiring ``responses.ttl_s`` from now."""
         now = self._clock()
-        for key in [k for k, v in self._pending.items() if v[2] <= now]:
-            self._drop(key)
+        if body is not None and len(body) > MAX_KEPT_BYTES:
+            body = None
+        return KeptResponse(
+            tenant=tenant,
+            id=response_id,
+            alias=alias,
+            created=now,
+            expires=int(now) + self._ttl_s,
+            previous_id=previous_id,
+            input_items=input_items,
+            output_items=output_items,
+            body=body,
+            upstream_id=upstream_id,
+        )
 
-    def _drop(self, key: _Key) -> None:
-        """Forget a pending id, if noted, and its body's bytes (under the lock)."""
-        noted = self._pending.pop(key, None)
-        if noted is not None and noted[1] is not None:
-            self._pending_bytes -= len(noted[1])
+    async def keep(self, row: KeptResponse, max_bytes: int) -> None:
+        """Keep ``row`` within its tenant's ``max_bytes``; returns once committed."""
+        if self._closed:
+            raise GatewayError("state_unavailable")
+        if self._batch is None:
+            self._batch = asyncio.get_running_loop().create_future()
+            self._batch.add_done_callback(_retrieved)
+        batch = self._batch
+        self._rows[(row.tenant, row.id)] = row
+        self._bounds[row.tenant] = max_bytes
+        if self._committer is None:
+            self._committer = asyncio.create_task(self._commit(), name="response-commit")
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                # Shielded: one waiter giving up must not cancel everyone's batch.
+                await asyncio.shield(batch)
+        except TimeoutError:
+            raise GatewayError("state_unavailable") from None
 
-    async def flush(self) -> int:
-        """Write everything noted so far; the number of ids written."""
-        async with self._writing:
-            with self._lock:
-                batch = dict(self._pending)
-            if not batch:
-                return 0
-            rows = [
-                ResponseRow(tenant, rid, alias, int(expires), body, upstream)
-                for (tenant, rid), (alias, body, expires, upstream) in batch.items()
-            ]
-            await anyio.to_thread.run_sync(self._catalog.record_responses, rows)
-            with self._lock:
-                for key, noted in batch.items():
-                    # A note of the same id meanwhile stays for the next batch.
-                    if self._pending.get(key) is noted:
-                        self._drop(key)
-            return len(rows)
+    async def _commit(self) -> None:
+        try:
+            await asyncio.sleep(self._linger_s)
+            while self._batch is not None:
+                rows, bounds, batch = list(self._rows.values()), self._bounds, self._batch
+                self._rows, self._bounds, self._batch = {}, {}, None
+                try:
+                    async with asyncio.timeout(self._timeout_s):
+                        await self.store.keep(rows, bounds)
+                except asyncio.CancelledError:
+                    batch.set_exception(GatewayError("state_unavailable"))
+                    raise
+                except Exception as exc:
+                    self._failed(f"keeping {len(rows)} responses", exc)
+                    batch.set_exception(GatewayError("state_unavailable"))
+                else:
+                    self._recovered()
+                    self.commits += 1
+                    batch.set_result(None)
+        finally:
+            self._committer = None
 
-    async def _flusher(self) -> None:
-        delay, failing = _BACKOFF_S[0], False
+    async def get(self, tenant: str, response_id: str) -> KeptResponse | None:
+        """The tenant's live kept response; None when unknown, foreign or expired."""
+        return await self._bounded(self.store.get(tenant, response_id, self._clock()))
+
+    async def chain(self, tenant: str, response_id: str, max_links: int) -> list[KeptResponse]:
+        """The conversation ending at ``response_id``, oldest first (the store's rules)."""
+        return await self._bounded(self.store.chain(tenant, response_id, self._clock(), max_links))
+
+    async def forget(self, tenant: str, response_id: str) -> bool:
+        return await self._bounded(self.store.forget(tenant, response_id))
+
+    async def expire(self) -> int:
+        """Delete every kept response past its expiry; how many."""
+        return await self._bounded(self.store.expire(self._clock()))
+
+    async def _bounded(self, work: Coroutine[Any, Any, T]) -> T:
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                return await work
+        except TimeoutError:
+            raise GatewayError("state_unavailable") from None
+
+    async def _sweep(self) -> None:
         while True:
-            await self._wakeup.wait()
-            await asyncio.sleep(LINGER_S)
-            self._wakeup.clear()
+            await asyncio.sleep(self._sweep_s)
             try:
-                await self.flush()
-            except Exception as exc:  # the flusher must outlive any failure
-                if not failing:
-                    reason = exc.code if isinstance(exc, GatewayError) else type(exc).__name__
-                    log.error("responses: catalog write failed (%s), retrying", reason)
-                failing = True
-                self._wakeup.set()
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, _BACKOFF_S[1])
+                forgotten = await self.expire()
+            except GatewayError as exc:
+                self._failed("the expiry sweep", exc)
                 continue
-            if failing:
-                log.info("responses: catalog writes recovered")
-            delay, failing = _BACKOFF_S[0], False
+            if forgotten:
+                log.info("responses: %d expired responses deleted", forgotten)
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        if not self._failing:
+            # The class only: a driver's text may hold a path or a DSN.
+            reason = exc.code if isinstance(exc, GatewayError) else type(exc).__name__
+            log.error("responses: %s failed (%s)", what, reason)
+        self._failing = True
+
+    def _recovered(self) -> None:
+        if self._failing:
+            log.info("responses: the store accepts writes again")
+        self._failing = False
 
     async def aclose(self, timeout_s: float) -> int:
-        """Stop the flusher and write what is left within ``timeout_s``; the
-        number of ids left unwritten."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(timeout_s):
-                await self.flush()
-        return self.pending
-
-    async def entry(self, tenant: str, response_id: str) -> Entry | None:
-        """(alias, kept response object, the worker's id) of the tenant's live id;
-        None if not its own."""
-        with self._lock:
-            noted = self._pending.get((tenant, response_id))
-        if noted is not None:
-            return (noted[0], noted[1], noted[3]) if noted[2] > self._clock() else None
-        return await anyio.to_thread.run_sync(self._catalog.response_entry, tenant, response_id)
-
-    async def forget(self, tenant: str, response_id: str) -> None:
-        async with self._writing:
-            # The catalog first: a delete that fails leaves the id as it was.
-            await anyio.to_thread.run_sync(self._catalog.forget_response, tenant, response_id)
-            with self._lock:
-                self._drop((tenant, response_id))
+        """Stop the sweep and let a running commit end within ``timeout_s``; the
+        number of rows left unwritten. The store is its owner's to close."""
+        self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
+        committer = self._committer
+        if committer is not None:
+            _, pending = await asyncio.wait([committer], timeout=timeout_s)
+            for task in pending:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        unwritten = len(self._rows)
+        if self._batch is not None:
+            self._batch.set_exception(GatewayError("state_unavailable"))
+            self._rows, self._bounds, self._batch = {}, {}, None
+        return unwritten

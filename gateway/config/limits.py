@@ -10,7 +10,7 @@ import re
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from gateway.config.base import Model, PositiveInt
 
@@ -98,6 +98,27 @@ class LimitsStoreConfig(Model):
             "unchecked."
         ),
     )
+    lease_renew_s: Annotated[float, Field(ge=0.1, le=60)] = Field(
+        5,
+        description=(
+            "A replica renews the concurrency slots of its running requests this often "
+            "(one batched call)."
+        ),
+    )
+    lease_ttl_s: Annotated[float, Field(gt=0, le=600)] = Field(
+        15,
+        description=(
+            "A slot expires this long after its last renewal: a dead replica's slots are "
+            "free within it."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _leases(self) -> LimitsStoreConfig:
+        # A renewal may take up to timeout_ms: it must still land before the lease ends.
+        if self.lease_renew_s + self.timeout_ms / 1000 >= self.lease_ttl_s:
+            raise ValueError("lease_renew_s + timeout_ms must be less than lease_ttl_s")
+        return self
 
     @field_validator("url")
     @classmethod

@@ -143,6 +143,18 @@ class EvidencePolicy(Model):
     )
 
 
+class ResponsesPolicy(Model):
+    """The tenant's kept Responses answers and conversations (spec §17)."""
+
+    max_bytes: PositiveInt = Field(
+        268_435_456,
+        description=(
+            "Bytes of kept responses (input items, output items, bodies); past it the "
+            "tenant's oldest are forgotten first."
+        ),
+    )
+
+
 class TenantPolicy(Model):
     """One tenant's policy: `policies/<tenant>.yaml`."""
 
@@ -170,6 +182,9 @@ class TenantPolicy(Model):
     cost: Cost = Field(Cost(), description="Permit units per request.")
     media: MediaPolicy = Field(MediaPolicy(), description="Caller URLs and inline data.")
     evidence: EvidencePolicy = Field(EvidencePolicy(), description="Evidence quotas.")
+    responses: ResponsesPolicy = Field(
+        ResponsesPolicy(), description="Kept Responses answers and conversations."
+    )
     usage_details: Literal["counts", "full"] = Field(
         "counts",
         description=(

@@ -111,7 +111,7 @@ class UpstreamConfig(Model):
         30, description="Longest silence between two events (keep-alives count)."
     )
     total_timeout_s: PositiveFloat = Field(
-        600, description="A whole worker exchange; also sizes the shared limits' leases."
+        600, description="A whole worker exchange; also sizes token holds and evidence leases."
     )
     readiness_poll_s: PositiveFloat = Field(2, description="Interval of the readiness poll.")
     readiness_timeout_s: PositiveFloat = Field(

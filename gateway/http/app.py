@@ -27,7 +27,7 @@ from gateway.core.errors import GatewayError
 from gateway.http.asgi import header, request_id_from, send_error
 from gateway.http.evidence_api import evidence_collection, evidence_item
 from gateway.http.inference import InferenceEndpoint
-from gateway.http.responses_api import response_cancel, response_item
+from gateway.http.responses_api import response_cancel, response_input_items, response_item
 from gateway.http.routes import livez, metrics, models, readyz
 from gateway.observe.access import RequestInfo
 from gateway.observe.tracing import NO_SPAN, NS, Tracing, failed
@@ -271,6 +271,9 @@ def create_app(loaded: Loaded, tracing: Tracing | None = None) -> GatewayApp:
         Route("/v1/evidence/{evidence_id}", _Raw(evidence_item), methods=["GET", "DELETE"]),
         Route("/v1/responses/{response_id}", _Raw(response_item), methods=["GET", "DELETE"]),
         Route("/v1/responses/{response_id}/cancel", _Raw(response_cancel), methods=["POST"]),
+        Route(
+            "/v1/responses/{response_id}/input_items", _Raw(response_input_items), methods=["GET"]
+        ),
         Route("/livez", _Raw(livez), methods=["GET"]),
         Route("/readyz", _Raw(readyz), methods=["GET"]),
     ]

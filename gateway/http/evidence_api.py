@@ -56,11 +56,11 @@ async def evidence_item(scope: Scope, receive: Receive, send: Send) -> None:
     try:
         tenant = await tenant_for(scope, rt, "evidence")
         if scope["method"] == "DELETE":
-            await anyio.to_thread.run_sync(rt.evidence.delete, tenant, evidence_id)
+            await rt.evidence.delete(tenant, evidence_id)
             await send({"type": "http.response.start", "status": 204, "headers": []})
             await send({"type": "http.response.body", "body": b""})
             return
-        record = await anyio.to_thread.run_sync(rt.evidence.get, tenant, evidence_id)
+        record = await rt.evidence.get(tenant, evidence_id)
     except GatewayError as exc:
         await send_error(send, exc, info)
         return
@@ -80,7 +80,7 @@ async def _list(scope: Scope, send: Send, rt: Runtime, tenant: Tenant) -> None:
     after = query.get("after", [None])
     if len(after) != 1:
         raise GatewayError("invalid_request", "after is repeated.", param="after")
-    records, more = await anyio.to_thread.run_sync(rt.evidence.page, tenant, limit, after[0])
+    records, more = await rt.evidence.page(tenant, limit, after[0])
     body = {"object": "list", "data": [r.to_api() for r in records], "has_more": more}
     await send_json(send, 200, body)
 
@@ -99,7 +99,7 @@ async def _upload(scope: Scope, receive: Receive, send: Send, rt: Runtime, tenan
         concurrent=False,
     )
     rt.ratelimit.settle(hold, 0)  # nothing to settle: the upload itself stays counted
-    await anyio.to_thread.run_sync(_check_quota, rt, tenant, declared_length(scope))
+    await _check_quota(rt, tenant, declared_length(scope))
     if rt.uploads.locked():
         raise GatewayError(
             "queue_full", "Too many uploads are being read.", headers={"Retry-After": "1"}
@@ -118,21 +118,19 @@ async def _upload(scope: Scope, receive: Receive, send: Send, rt: Runtime, tenan
                     pending, size = [], 0
             if pending:
                 await anyio.to_thread.run_sync(upload.write, b"".join(pending))
-            record, existed = await anyio.to_thread.run_sync(
-                rt.evidence.commit_upload, tenant, upload, content_type, locator
-            )
+            record, existed = await rt.evidence.commit_upload(tenant, upload, content_type, locator)
         finally:
             upload.discard()
     await send_json(send, 200 if existed else 201, record.to_api(), hold.headers())
 
 
-def _check_quota(rt: Runtime, tenant: Tenant, declared: int | None) -> None:
+async def _check_quota(rt: Runtime, tenant: Tenant, declared: int | None) -> None:
     """Refuse before reading what cannot fit whatever the body turns out to be: a
     tenant already past its quota (a lowered policy), or a body larger than the
     whole byte quota. The rest is decided on insert, after the identical-upload
     check (the same bytes again cost nothing)."""
     policy = tenant.policy.evidence
-    count, used = rt.evidence.usage(tenant)
+    count, used = await rt.evidence.usage(tenant)
     if count > policy.max_records or used > policy.max_bytes or (declared or 0) > policy.max_bytes:
         raise GatewayError("evidence_quota_exceeded")
 

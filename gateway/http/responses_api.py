@@ -1,21 +1,24 @@
-"""``GET`` and ``DELETE /v1/responses/{id}`` (spec §14): only for the caller's own ids;
+"""``GET`` and ``DELETE /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``
+(spec §14, §17): only for the caller's own kept responses, never forwarded;
 ``POST /v1/responses/{id}/cancel``: 400, as background responses are not served.
 
-A Responses id is the tenant's once the gateway relayed it (the catalog's
-``responses`` table, kept ``responses.ttl_s``; ``gateway/books/responses.py``).
-Anything else -- another tenant's id, an expired one, one the gateway never
-saw, a malformed one -- answers 404 ``response_not_found`` without reaching
-the worker, so another tenant's id looks exactly like an unknown one.
+Every Responses request reaches the worker with ``store: false`` (spec §17),
+so the worker keeps nothing to fetch or delete: these are answered from what
+the gateway kept (``gateway/books/responses.py``). Anything else -- another
+tenant's id, an expired one, one sent with ``store: false``, one the gateway
+never saw, a malformed one -- answers 404 ``response_not_found``, so another
+tenant's id looks exactly like an unknown one.
 
-``GET`` answers from the response object the gateway kept: it streams every
-request from the worker (spec §9) and the worker keeps no streamed response
-for ``GET``. Without a kept copy (``store: false``, a stream that never
-finished) it is forwarded. ``DELETE`` is forwarded (the worker drops the
-conversation history ``previous_response_id`` reads) and forgets the id here;
-an id the worker no longer knows is still deleted here. The worker's answers
-are checked (id, object type) and the alias is put back in ``model``; a
-fetched response object gets the fields the worker leaves out, as streamed
-ones do (``response_events.fill_response``).
+- ``GET`` answers the kept response object (the caller-facing one: the
+  gateway's id, the alias, the usage the tenant sees). A response kept
+  without it (larger than ``MAX_KEPT_BYTES``) is 404 while its conversation
+  still works.
+- ``DELETE`` forgets the kept response and answers 200; a follow-up naming it
+  is 404 from then on.
+- ``input_items`` lists the response's own request's input items (not the
+  conversation before it), as the OpenAI SDK's ``responses.input_items.list``
+  reads them (``conversation.input_items_page``: ``order``, ``limit``,
+  ``after``; a bad value is 400 naming its query parameter).
 
 ``POST …/cancel`` (the SDK's ``responses.cancel``) cancels a background run,
 and ``background: true`` is refused at create (spec §14), so there is never
@@ -26,64 +29,61 @@ lookup or a worker call (the worker's cancel route stays unreachable).
 
 from __future__ import annotations
 
-from typing import Any
+from urllib.parse import parse_qsl
 
-from gateway.apis.response_fill import fill_response
+import orjson
+
+from gateway.apis.conversation import input_items_page
 from gateway.apis.responses import RESPONSE_ID
+from gateway.books.protocols import KeptResponse
 from gateway.core.errors import GatewayError
 from gateway.http.asgi import info_of, runtime_of, send_error, send_json, tenant_for
+from gateway.pipeline.runtime import Runtime
 from gateway.types import Receive, Scope, Send
+
+
+async def _own(scope: Scope, rt: Runtime) -> tuple[str, KeptResponse]:
+    """(the tenant, its kept response the path names); 404 unless its own."""
+    tenant = await tenant_for(scope, rt, "responses")
+    response_id: str = scope["path_params"]["response_id"]
+    kept = None
+    if RESPONSE_ID.fullmatch(response_id):
+        kept = await rt.responses.get(tenant.name, response_id)
+    if kept is None:
+        raise GatewayError("response_not_found")
+    return tenant.name, kept
 
 
 async def response_item(scope: Scope, receive: Receive, send: Send) -> None:
     rt = runtime_of(scope)
     info = info_of(scope)
     info.endpoint = "responses"
-    response_id: str = scope["path_params"]["response_id"]
-    method: str = scope["method"]
     try:
-        tenant = await tenant_for(scope, rt, "responses")
-        found = None
-        if RESPONSE_ID.fullmatch(response_id):
-            found = await rt.responses.entry(tenant.name, response_id)
-        if found is None:
+        tenant, kept = await _own(scope, rt)
+        if scope["method"] == "DELETE":
+            if not await rt.responses.forget(tenant, kept.id):
+                raise GatewayError("response_not_found")  # forgotten meanwhile
+            answer = {"id": kept.id, "object": "response.deleted", "deleted": True}
+        elif kept.body is None:
             raise GatewayError("response_not_found")
-        alias, kept, upstream_id = found
-        # The worker knows it by its own id; the caller sees the gateway's (spec §21).
-        worker_id = upstream_id or response_id
-        if method == "GET" and kept is not None:
-            await _send_raw(send, kept)
-            return
-        resolved = rt.table.resolve(tenant.policy.models, alias, rt.readiness)
-        if resolved is None:
-            raise GatewayError("response_not_found")  # its alias is gone from the policy
-        rt.check_serving()  # what follows reaches the worker
-        if not resolved.ready:
-            raise GatewayError("upstream_not_ready")
-        worker = resolved.worker
-        status, body = await worker.client.request_json(
-            method,
-            f"/v1/responses/{worker_id}",
-            info.request_id,
-            worker.config.readiness_timeout_s * 5,
-        )
-        if method == "DELETE":
-            if status not in (200, 404):
-                raise GatewayError("upstream_error")
-            await rt.responses.forget(tenant.name, response_id)
-            answer = {"id": response_id, "object": "response.deleted", "deleted": True}
-            if status == 200:
-                answer = _checked(method, worker_id, body, alias)
-                answer["id"] = response_id
-        elif status == 404:
-            raise GatewayError("response_not_found")
-        elif status != 200:
-            raise GatewayError("upstream_error")
         else:
-            answer = _checked(method, worker_id, body, alias)
-            answer["id"] = response_id
-            if tenant.policy.usage_details != "full":
-                fill_response(answer, full_usage=False)
+            await _send_raw(send, kept.body)
+            return
+    except GatewayError as exc:
+        await send_error(send, exc, info)
+        return
+    await send_json(send, 200, answer)
+
+
+async def response_input_items(scope: Scope, receive: Receive, send: Send) -> None:
+    rt = runtime_of(scope)
+    info = info_of(scope)
+    info.endpoint = "responses"
+    try:
+        _, kept = await _own(scope, rt)
+        query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+        items = orjson.loads(kept.input_items)
+        answer = input_items_page(items if isinstance(items, list) else [], query)
     except GatewayError as exc:
         await send_error(send, exc, info)
         return
@@ -111,15 +111,3 @@ async def _send_raw(send: Send, body: bytes) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": body})
-
-
-def _checked(method: str, response_id: str, body: Any, alias: str) -> dict[str, Any]:
-    if not isinstance(body, dict) or body.get("id") != response_id:
-        raise GatewayError("upstream_protocol_error")
-    expected = "response.deleted" if method == "DELETE" else "response"
-    if body.get("object") != expected:
-        raise GatewayError("upstream_protocol_error")
-    if method == "GET":
-        body["model"] = alias
-        fill_response(body)
-    return body

@@ -65,6 +65,9 @@ async def readyz(scope: Scope, receive: Receive, send: Send) -> None:
     }
     if reason is not None:
         body["reason"] = reason
+    if rt.state.calls.degraded:
+        # Shared by every replica: unready would take all of them out at once (spec §17).
+        body["degraded"] = ["state_unavailable"]
     await send_json(send, 200 if ready else 503, body)
 
 

@@ -6,6 +6,9 @@
   then uvicorn shuts down and the process exits 0. A second SIGTERM or a
   SIGINT exits at once (uvicorn's own handling).
 - SIGHUP: reload policies and key files (``Runtime.reload``).
+- A start the gateway refuses (another process holds the audit file) fails
+  with one log line saying so, not a traceback, and a non-zero exit
+  (uvicorn's start-up failure).
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ from typing import Any
 
 import uvicorn
 
+from gateway.books.receipts import AuditFileHeld
 from gateway.config.loader import Loaded
 from gateway.http.protocol import protocol_class
+from gateway.types import Message, Receive, Scope, Send
 
 try:  # uvloop is in uvicorn[standard]; fall back quietly where it cannot load
     import uvloop  # noqa: F401
@@ -123,13 +128,49 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 20, 50)
 
 
+class _CleanRefusal:
+    """The lifespan with a refused start reported as its one line.
+
+    Starlette reports a failed start with the formatted traceback, which
+    uvicorn logs whole; a refusal is an operator's answer, not a crash. Every
+    other scope and failure passes through unchanged.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.state = getattr(app, "state", None)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+        held: list[Message] = []
+
+        async def hold_failure(message: Message) -> None:
+            # Sent below, once the exception says whether it is a refusal.
+            if message["type"] == "lifespan.startup.failed":
+                held.append(message)
+            else:
+                await send(message)
+
+        try:
+            await self.app(scope, receive, hold_failure)
+        except AuditFileHeld as exc:
+            # Instead of the traceback; uvicorn still exits with its start-up failure.
+            held[:] = [{"type": "lifespan.startup.failed", "message": f"receipts: {exc}"}]
+        finally:
+            for message in held:
+                await send(message)
+
+
 def _runtime_of(app: Any) -> Any:
     return getattr(getattr(app, "state", None), "runtime", None)
 
 
 def serve(loaded: Loaded, app: Any, host: str, port: int) -> int:
     server = GatewayServer(
-        uvicorn_config(loaded, app, host, port), loaded.config.listen.shutdown_grace_s
+        uvicorn_config(loaded, _CleanRefusal(app), host, port),
+        loaded.config.listen.shutdown_grace_s,
     )
     server.run()
     return 0 if server.started else 1

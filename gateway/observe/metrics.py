@@ -169,8 +169,21 @@ class GatewayMetrics:
             ["op"],
             registry=r,
         )
-        for op in ("reserve", "settle", "probe"):
+        for op in ("reserve", "settle", "probe", "renew"):
             self.limits_store_errors.labels(op)
+        # State store calls (spec §17): evidence, leases, kept responses.
+        self.state_store_seconds = Histogram(
+            "gateway_state_store_seconds",
+            "Time of one state-store call (SQLite or PostgreSQL), by operation.",
+            ["op"],
+            buckets=_STORE_BUCKETS,
+            registry=r,
+        )
+        self.state_store_errors = Counter(
+            "gateway_state_store_errors_total",
+            "Failed state-store calls (unreachable, slower than state.timeout_ms, refused).",
+            registry=r,
+        )
         # Read from the store at scrape time (watch_limits_store).
         self.limits_store_healthy = Gauge(
             "gateway_limits_store_healthy",
@@ -216,6 +229,9 @@ class GatewayMetrics:
     # StoreMetrics (gateway.ratelimit.base): the limits store reports here.
     def limits_store_call(self, op: str, seconds: float) -> None:
         self.child(self.limits_store_seconds, op).observe(seconds)
+
+    def state_store_call(self, op: str, seconds: float) -> None:
+        self.child(self.state_store_seconds, op).observe(seconds)
 
     def limits_store_error(self, op: str) -> None:
         self.child(self.limits_store_errors, op).inc()

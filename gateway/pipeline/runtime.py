@@ -27,6 +27,7 @@ from gateway.auth.keys import load_key_set
 from gateway.books.evidence.service import EvidenceService
 from gateway.books.receipts import ReceiptWriter
 from gateway.books.responses import ResponseBook
+from gateway.books.state.factory import State, evidence_service, open_state
 from gateway.config import GatewayConfig
 from gateway.config.diff import changed_keys
 from gateway.config.loader import ConfigError, Loaded, load_config, load_policies
@@ -76,6 +77,8 @@ class Runtime:
     readiness: Readiness
     ratelimit: LimitsStore
     evidence: EvidenceService
+    #: the books' backend (spec §17): SQLite for one replica, PostgreSQL shared
+    state: State
     receipts: ReceiptWriter
     metrics: GatewayMetrics
     #: uploads being read (staging.max_concurrent_uploads)
@@ -210,12 +213,12 @@ async def build_runtime(loaded: Loaded, tracing: Tracing | None = None) -> Runti
         lambda upstream: metrics.child(metrics.cancel_unconfirmed, upstream).inc(),
     )
     keys = load_key_set(config.auth, os.environ)
-    evidence = EvidenceService.from_config(config.staging, metrics.leases_active.set)
-    # One server per staging dir: clear temp files and leases a crash left behind.
-    await anyio.to_thread.run_sync(evidence.recover)
+    # The audit file's lock first: a second gateway on these paths stops here,
+    # before it touches the first one's temp files and leases.
     audit = config.audit
     receipts = ReceiptWriter(
         audit.path,
+        replica=config.state.replica,
         max_pending=audit.max_pending,
         rotate_bytes=audit.rotate_bytes,
         keep=audit.keep,
@@ -224,6 +227,14 @@ async def build_runtime(loaded: Loaded, tracing: Tracing | None = None) -> Runti
         on_pending=metrics.receipts_pending.set,
     )
     await receipts.start()
+    state = open_state(config, os.environ, metrics.state_store_call, metrics.state_store_errors.inc)
+    evidence = evidence_service(config, state, metrics.leases_active.set)
+    try:
+        # Clear the temp files and leases a crash left behind.
+        await evidence.recover()
+    except GatewayError as exc:
+        # A shared store down at start: serve what needs no state; the sweep retries.
+        log.warning("state: recovery at start failed (%s); the lease sweep will retry", exc.code)
     ratelimit = build_limits_store(config, metrics)
     await ratelimit.start()
     metrics.watch_limits_store(lambda: ratelimit.healthy, lambda: ratelimit.pending_settlements)
@@ -241,10 +252,16 @@ async def build_runtime(loaded: Loaded, tracing: Tracing | None = None) -> Runti
         readiness=Readiness(table, metrics, probe),
         ratelimit=ratelimit,
         evidence=evidence,
+        state=state,
         receipts=receipts,
         metrics=metrics,
         uploads=asyncio.Semaphore(config.staging.max_concurrent_uploads),
-        responses=ResponseBook(evidence.catalog, config.responses.ttl_s),
+        responses=ResponseBook(
+            state.responses,
+            ttl_s=config.responses.ttl_s,
+            timeout_s=config.state.timeout_s,
+            sweep_s=config.staging.expiry_sweep_s,
+        ),
         keys_http=keys_http,
         tracing=tracing if tracing is not None else tracing_from_env(os.environ),
     )
@@ -274,12 +291,20 @@ async def _sweep_expired(runtime: Runtime) -> None:
             if not tenant.policy.evidence.ttl_s:
                 continue
             try:
-                forgotten = await anyio.to_thread.run_sync(runtime.evidence.expire, tenant)
+                forgotten = await runtime.evidence.expire(tenant)
             except GatewayError as exc:
                 log.warning("evidence expiry for %s failed: %s", tenant.name, exc.code)
                 continue
             if forgotten:
                 log.info("evidence expiry: %d records of %s forgotten", forgotten, tenant.name)
+        try:
+            # Leases a crashed replica left (spec §17): whichever replica sees them first.
+            swept = await runtime.evidence.sweep()
+        except GatewayError as exc:
+            log.warning("evidence lease sweep failed: %s", exc.code)
+        else:
+            if swept:
+                log.info("evidence: %d expired leases dropped", swept)
 
 
 async def close_runtime(runtime: Runtime) -> None:
@@ -300,7 +325,7 @@ async def close_runtime(runtime: Runtime) -> None:
             await runtime.keys_http.aclose()
 
     async def evidence() -> None:
-        runtime.evidence.close()
+        await runtime.state.close()
 
     async def tracing() -> None:
         if runtime.tracing is not NO_TRACING:

@@ -19,7 +19,7 @@ from gateway.pipeline.call import Call
 from gateway.pipeline.media import record_artifacts
 from gateway.pipeline.spans import request_attributes
 from gateway.pipeline.timings import as_ms
-from gateway.pipeline.worker import note_response, usage_of_call
+from gateway.pipeline.worker import usage_of_call
 from gateway.upstream.confirm import CancelConfirmer, State
 
 
@@ -63,8 +63,6 @@ def settle(call: Call, api: Api) -> None:
         receipt.finish_reason = report.finish_reason
         receipt.nul_replaced = report.nul_replaced
         receipt.upstream_id = report.upstream_id
-        if relay.state.headers_sent or facts.finished:
-            note_response(call)  # a stream the caller saw begin, ended or not
         receipt.usage = call.usage or usage_of_call(call)
         if relay.state.first_content_at is not None:
             ttft = relay.state.first_content_at - info.started

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from gateway.admission import request_weight
 from gateway.apis.base import Api, Plan
+from gateway.apis.conversation import MAX_LINKS, PARAM, expand
 from gateway.apis.usage import estimate_prompt_tokens
 from gateway.core.body import check_size
 from gateway.core.errors import GatewayError
@@ -52,8 +53,9 @@ async def run(call: Call, api: Api, plan: Plan) -> None:
     staging = rt.config.staging
     forward = api.forward(plan, resolved.route)
     if plan.previous_response_id is not None:
-        # The caller names the gateway's id; the worker knows the conversation by its own.
-        forward["previous_response_id"] = await _own_response(call, plan.previous_response_id)
+        # The conversation is the gateway's (spec §17): forwarded whole, counted
+        # into the prompt before the body is laid out and its tokens reserved.
+        expand(forward, plan, await _conversation(call, plan.previous_response_id), tenant)
     if plan.media:
         began = now()
         await lease_records(call, plan, api.media_param)
@@ -104,9 +106,22 @@ async def run(call: Call, api: Api, plan: Plan) -> None:
     await call_worker(call, api, plan, body, rate_headers)
 
 
-async def _own_response(call: Call, response_id: str) -> str:
-    """The worker's id of a previous_response_id that is one of the tenant's own."""
-    found = await call.rt.responses.entry(call.tenant.name, response_id)
-    if found is None:
-        raise GatewayError("response_not_found", param="previous_response_id")
-    return found[2] or response_id
+async def _conversation(call: Call, response_id: str) -> list[tuple[bytes, bytes]]:
+    """The (input items, output items) of the tenant's conversation ending at
+    ``response_id``, oldest first; never a part of it (spec §17)."""
+    chain = await call.rt.responses.chain(call.tenant.name, response_id, MAX_LINKS)
+    if not chain:
+        raise GatewayError("response_not_found", param=PARAM)
+    if chain[0].previous_id is not None:
+        if len(chain) >= MAX_LINKS:
+            raise GatewayError(
+                "prompt_too_large",
+                f"The conversation is longer than {MAX_LINKS} responses.",
+                param=PARAM,
+            )
+        raise GatewayError(
+            "response_not_found",
+            "An earlier response of this conversation is no longer kept.",
+            param=PARAM,
+        )
+    return [(link.input_items, link.output_items) for link in chain]

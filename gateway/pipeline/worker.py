@@ -1,8 +1,11 @@
 """The worker call: the relay set up for the request's dialect, the body sent
 in pieces (evidence read only now), the answer streamed or collected.
 
-A Responses id becomes the tenant's (``note_response``) before the caller
-can use it: before the stream's terminator, before the collected answer.
+A Responses answer is kept (``keep_response``) before the caller can use its
+id: before the stream's terminator, before the collected answer. A keep the
+state store refuses is ``state_unavailable``: a non-streaming caller gets the
+503, a stream (its head already sent) ends with one ``event: error`` naming
+it instead of ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -10,9 +13,11 @@ from __future__ import annotations
 import orjson
 
 from gateway.apis.base import Api, Plan, StreamBounds
+from gateway.apis.conversation import kept_input
 from gateway.apis.usage import Usage, public_usage, usage_of
 from gateway.books.evidence.encode import BodyProducer
 from gateway.core.body import Layout, MediaSlot
+from gateway.core.errors import GatewayError
 from gateway.core.replies import encode_headers
 from gateway.observe.tracing import NO_SPAN, NS
 from gateway.pipeline.call import Call
@@ -87,13 +92,18 @@ async def call_worker(
 
     if plan.stream:
         await relay.stream_to(opener, call.send)
-        note_response(call)
+        try:
+            await keep_response(call)
+        except GatewayError as exc:
+            # After headers: the stream ends with one error event, never [DONE].
+            await relay.end_with_error(call.send, exc, upstream_cfg.idle_timeout_s)
+            raise
         await relay.end(call.send)
         return
     await relay.collect(opener)
     usage = call.usage = usage_of_call(call)
     answer = dialect.answer(public_usage(usage, full=plan.full_usage))
-    note_response(call)
+    await keep_response(call)
     await relay.reply(call.send, answer, {**rate_headers, "x-usage-source": usage.source})
 
 
@@ -114,15 +124,31 @@ def usage_of_call(call: Call) -> Usage:
     return usage_of(report.counts, report.usage, call.plan.prompt_bytes, report.output_estimate)
 
 
-def note_response(call: Call) -> None:
-    """A Responses id becomes the tenant's before the caller can use it."""
+async def keep_response(call: Call) -> None:
+    """Keep a relayed Responses answer for its tenant (spec §17) before the
+    caller can name its id; unless the request said ``store: false``."""
     if call.dialect is None or call.plan is None or call.relayed_response is not None:
         return
     report = call.dialect.report()
-    response_id = report.response_id
-    if response_id is None:
+    if report.response_id is None or report.final is None:
         return
-    keep = report.final is not None and call.plan.body.get("store", True) is not False
-    body = orjson.dumps(report.final) if keep else None
-    call.rt.responses.note(call.tenant.name, response_id, call.plan.alias, body, report.upstream_id)
-    call.relayed_response = response_id
+    call.relayed_response = report.response_id
+    plan = call.plan
+    if plan.body.get("store", True) is False:
+        return
+    book = call.rt.responses
+    row = book.row(
+        tenant=call.tenant.name,
+        response_id=report.response_id,
+        alias=plan.alias,
+        previous_id=plan.previous_response_id,
+        input_items=orjson.dumps(kept_input(plan)),
+        output_items=orjson.dumps(report.final.get("output") or []),
+        body=orjson.dumps(report.final),
+        upstream_id=report.upstream_id,
+    )
+    try:
+        await book.keep(row, call.tenant.policy.responses.max_bytes)
+    except GatewayError as exc:
+        # The answer was made (and is billed) but cannot be named later.
+        raise GatewayError(exc.code, exc.message, outcome="incomplete") from exc

@@ -3,7 +3,9 @@
 ``core`` is the pure math (buckets, day counters, verdicts, headers);
 ``base`` is the seam (:class:`LimitsStore`, :class:`Hold`); ``memory`` and
 ``redis_store`` are its two implementations; ``flusher`` is the bounded
-settlement queue of the remote store; ``factory`` picks one from the config.
+settlement queue of the remote store, ``leases`` the renewal of its
+concurrency slots, ``keys`` and ``scripts`` its key names and Lua scripts;
+``factory`` picks one from the config.
 Each module opens with its theory of operation.
 """
 
@@ -18,8 +20,9 @@ from gateway.ratelimit.core import TenantLimits, format_reset, retry_after
 
 if TYPE_CHECKING:
     from gateway.ratelimit.factory import build_limits_store, lease_for
+    from gateway.ratelimit.keys import tenant_keys
     from gateway.ratelimit.memory import MemoryLimitsStore
-    from gateway.ratelimit.redis_store import RedisLimitsStore, tenant_keys
+    from gateway.ratelimit.redis_store import RedisLimitsStore
 
 # The stores load asyncio and redis-py; importing the pure core (``core``,
 # ``base``) through this package must not (tests/core/test_purity.py).
@@ -28,7 +31,7 @@ _STORES = {
     "lease_for": "factory",
     "MemoryLimitsStore": "memory",
     "RedisLimitsStore": "redis_store",
-    "tenant_keys": "redis_store",
+    "tenant_keys": "keys",
 }
 
 

@@ -124,8 +124,9 @@ class LimitsStore(Protocol):
     ) -> Hold:
         """Take what one request may use, or raise its refusal. ``wait_s``: how
         long the request may still wait before its worker call begins (the
-        admission queue); its slot's lease is that much longer, so a live
-        request never outlives its slot."""
+        admission queue); its hold's lease (and a memory store's slot) is that
+        much longer, so a live request never outlives them. A shared store's
+        slot is renewed while the hold is unsettled instead."""
         ...
 
     def settle(self, hold: Hold, used_tokens: int) -> None: ...

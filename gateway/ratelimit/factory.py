@@ -13,13 +13,14 @@ from gateway.ratelimit.redis_store import RedisLimitsStore
 
 __all__ = ["LEASE_MARGIN_S", "build_limits_store", "lease_for", "store_password"]
 
-#: a slot outlives the longest request by this much (spec §15)
+#: a hold outlives the longest request by this much (spec §15)
 LEASE_MARGIN_S = 10.0
 
 
 def lease_for(config: GatewayConfig) -> float:
-    """How long a slot and a hold last when their replica never settles them."""
-    # The longest a request can hold its slot on any worker, plus the spec's margin.
+    """How long a hold lasts when its replica never settles it (and, in the memory
+    store, a slot; a shared slot is renewed: ``limits_store.lease_ttl_s``)."""
+    # The longest a request can run on any worker, plus the spec's margin.
     return max(u.total_timeout_s for u in config.workers) + LEASE_MARGIN_S
 
 
@@ -51,6 +52,8 @@ def build_limits_store(
         key_prefix=section.key_prefix,
         on_error=section.on_error,
         lease_s=lease_s,
+        lease_ttl_s=section.lease_ttl_s,
+        lease_renew_s=section.lease_renew_s,
         metrics=metrics,
         # readiness (spec §15, §16): the store is probed as often as the
         # workers are (the most frequent of them)

@@ -9,11 +9,8 @@ script run by the server (``gateway.ratelimit.scripts``), registered with
 one atomic step, on the server's clock, so N replicas admit exactly what one
 would. Nothing is read by a replica and then written back.
 
-Keys are ``<key_prefix>{<tenant as UTF-8 hex>}:<kind>``. The hex spelling
-makes the mapping from tenant names to keys injective: no tenant name
-(``a:b``, ``*``, ``{x}``, ``a b``, unicode) can address another tenant's
-keys or pattern-match them, and the braces are a cluster hash tag, so one
-tenant's keys share a slot. Every key written has a TTL (see ``scripts``).
+Keys are ``<key_prefix>{<tenant as UTF-8 hex>}:<kind>``, injective in the
+tenant's name (``keys``). Every key written has a TTL (``scripts``).
 
 **Reserve.** One ``reserve`` script call per request, within ``timeout_s``
 (the connect timeout and, around the whole call, ``asyncio.timeout``; no
@@ -47,10 +44,19 @@ is failing. Settlements are idempotent on the server (a hold's entry in the
 ``holds`` set is removed by the one settlement that applies its refunds),
 so a batch retried after a lost reply is not applied twice.
 
-**Crashes.** A replica that dies without settling leaves its slots and
-holds in Redis; they expire with their lease (``lease_s``, the gateway
-passes ``upstream.total_timeout_s + 10``), which frees the tenant's slots,
-while the tokens they reserved stay charged: nothing refunds them.
+**Slot leases.** A slot expires ``lease_ttl_s`` after its reservation or
+last renewal. ``reserve`` adds it to a :class:`~gateway.ratelimit.leases.SlotLeases`,
+``settle`` discards it; every ``lease_renew_s`` one pipeline of ``renew``
+scripts (one per tenant: a script's keys share a cluster slot) renews all
+of them, under the lock settlements are applied under. A failed renewal is a
+store failure (op ``renew``); the next interval tries again, and adds back
+(and logs) the slots that expired meanwhile: their requests still run.
+
+**Crashes.** A replica that dies without settling stops renewing: its
+slots are free within ``lease_ttl_s``, whatever ``total_timeout_s`` is. Its
+holds expire with their lease (``lease_s``, the gateway passes
+``upstream.total_timeout_s + 10``) and the tokens they reserved stay
+charged: nothing refunds them.
 """
 
 from __future__ import annotations
@@ -60,19 +66,22 @@ import contextlib
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, OutOfMemoryError, RedisError, ResponseError
 
 from gateway.core.errors import GatewayError
 from gateway.ratelimit.base import Hold, NullMetrics, StoreMetrics
 from gateway.ratelimit.core import TenantLimits, Verdict, charges, judge
 from gateway.ratelimit.flusher import Flusher
-from gateway.ratelimit.scripts import PROBE, RESERVE, SETTLE
+from gateway.ratelimit.keys import TenantKeys, tenant_keys
+from gateway.ratelimit.leases import SlotLeases
+from gateway.ratelimit.scripts import PROBE, RENEW, RESERVE, SETTLE
 
 __all__ = ["RedisLimitsStore", "TenantKeys", "tenant_keys"]
 
@@ -81,41 +90,12 @@ log = logging.getLogger("gateway.limits")
 OnError = Literal["closed", "open"]
 #: the failures that make a store call fail (rather than a gateway bug)
 _STORE_ERRORS = (RedisError, OSError, TimeoutError)
-#: a settlement batch gets one timeout per this many scripts
+#: a batch (settlements, renewals) gets one timeout per this many scripts
 _SCRIPTS_PER_TIMEOUT = 64
 
 
 #: how long the settlement flusher waits, woken from idle, for more to share its write
 _SETTLE_LINGER_S = 0.005
-
-
-@dataclass(frozen=True, slots=True)
-class TenantKeys:
-    requests: str
-    tokens: str
-    day: str
-    slots: str
-    holds: str
-    void: str
-    #: the KEYS of the ``reserve`` and ``settle`` scripts, in their order (built
-    #: once per tenant, not on every request)
-    reserve: tuple[str, ...] = field(init=False, repr=False, compare=False)
-    settle: tuple[str, ...] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        reserve = (self.requests, self.tokens, self.day, self.slots, self.holds, self.void)
-        object.__setattr__(self, "reserve", reserve)
-        object.__setattr__(self, "settle", reserve[1:])
-
-
-def tenant_keys(prefix: str, tenant: str) -> TenantKeys:
-    """The tenant's keys; injective in ``tenant`` for any prefix without braces."""
-    if "{" in prefix or "}" in prefix:
-        raise ValueError("key_prefix must not contain braces (they are the hash tag)")
-    base = f"{prefix}{{{tenant.encode('utf-8').hex()}}}:"
-    return TenantKeys(
-        base + "rpm", base + "tpm", base + "day", base + "slots", base + "holds", base + "void"
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +126,8 @@ class RedisLimitsStore:
         timeout_s: float = 0.05,
         on_error: OnError = "closed",
         lease_s: float = 610.0,
+        lease_ttl_s: float = 15.0,
+        lease_renew_s: float = 5.0,
         metrics: StoreMetrics | None = None,
         max_pending: int = 100_000,
         secret: str | None = None,
@@ -153,6 +135,8 @@ class RedisLimitsStore:
     ) -> None:
         if timeout_s <= 0 or lease_s <= 0:
             raise ValueError("timeout_s and lease_s must be positive")
+        if not 0 < lease_renew_s < lease_ttl_s:
+            raise ValueError("lease_renew_s must be positive and less than lease_ttl_s")
         if probe_interval_s is not None and probe_interval_s <= 0:
             raise ValueError("probe_interval_s must be positive")
         tenant_keys(key_prefix, "")  # validates the prefix
@@ -160,17 +144,30 @@ class RedisLimitsStore:
         self._prefix = key_prefix
         self._timeout_s = timeout_s
         self._on_error: OnError = on_error
+        self._lease_s = lease_s
         self._lease_ms = max(1, round(lease_s * 1000))
+        self._slot_lease_ms = max(1, round(lease_ttl_s * 1000))
         self._metrics: StoreMetrics = metrics or NullMetrics()
         self._secret = secret
         self._keys: dict[str, TenantKeys] = {}
         self._reserve = client.register_script(RESERVE)
         self._settle = client.register_script(SETTLE)
         self._probe = client.register_script(PROBE)
+        self._renew = client.register_script(RENEW)
         self._healthy = True
         self._dropping = False
-        #: the last batch had settlements the script refused (logged once per episode)
-        self._refusing = False
+        #: ops whose last batch had calls the script refused (logged once per episode)
+        self._refusing: set[str] = set()
+        # Settlements and renewals are written one at a time (see ``leases``).
+        self._writes = asyncio.Lock()
+        self._leases: SlotLeases[TenantKeys] = SlotLeases(
+            self._renew_all,
+            interval_s=lease_renew_s,
+            lock=self._writes,
+            name="limits-leases",
+            on_failure=lambda exc: self._failed("renew", exc),
+            on_success=self._succeeded,
+        )
         self._probe_interval_s = probe_interval_s
         self._prober: asyncio.Task[None] | None = None
         self._flusher: Flusher[_Settlement] = Flusher(
@@ -225,8 +222,14 @@ class RedisLimitsStore:
     def pending_settlements(self) -> int:
         return self._flusher.pending
 
+    @property
+    def leases_held(self) -> int:
+        """Concurrency slots this store renews (its requests in flight)."""
+        return self._leases.held
+
     async def start(self) -> None:
         self._flusher.start()
+        self._leases.start()
         # Not fatal: a replica may start while Redis is away, and recovers with it.
         await self.probe()
         if self._probe_interval_s is not None and self._prober is None:
@@ -261,6 +264,8 @@ class RedisLimitsStore:
         return await self._flusher.flush(timeout_s)
 
     async def aclose(self, timeout_s: float = 5.0) -> int:
+        # Slots still held stop being renewed: they expire with their leases.
+        await self._leases.aclose()
         prober, self._prober = self._prober, None
         if prober is not None:
             prober.cancel()
@@ -312,6 +317,7 @@ class RedisLimitsStore:
             hold_id,
             self._lease_ms + max(0, round(wait_s * 1000)),
             1 if register else 0,
+            self._slot_lease_ms,
         )
         started = time.perf_counter()
         try:
@@ -337,6 +343,9 @@ class RedisLimitsStore:
             int(refused), _float(requests), _float(tokens_level), _float(until_midnight) or 0.0
         )
         headers = judge(limits, want, verdict)  # raises on refusal
+        if want.slot:
+            # Renewed until settled, at most as long as the hold's own lease.
+            self._leases.add(keys, hold_id, self._lease_s + max(0.0, wait_s))
         return Hold(
             tenant,
             limits,
@@ -351,6 +360,8 @@ class RedisLimitsStore:
     def settle(self, hold: Hold, used_tokens: int) -> None:
         if not hold.claim_settlement(used_tokens) or not hold.checked:
             return
+        if hold.slot is not None:
+            self._leases.discard(self.keys(hold.tenant), hold.slot)
         limits = hold.limits
         tpm = limits.tokens_per_minute or 0
         minute_refund = hold.minute_tokens - used_tokens if tpm and hold.id else 0
@@ -386,53 +397,77 @@ class RedisLimitsStore:
             )
 
     async def _apply(self, batch: list[_Settlement]) -> None:
+        # (settlements are idempotent: a batch sent again applies none twice)
+        calls = [
+            (
+                len(s.keys.settle),
+                *s.keys.settle,
+                s.hold,
+                s.tpm,
+                s.minute_refund,
+                s.day,
+                s.day_refund,
+                1 if s.void else 0,
+                self._lease_ms,
+            )
+            for s in batch
+        ]
+        async with self._writes:  # after any renewal naming the same slots
+            await self._pipelined("settle", self._settle, calls)
+
+    async def _renew_all(self, batch: list[tuple[TenantKeys, list[str]]]) -> None:
+        """One round trip renewing every slot held (``leases`` calls it, under the lock)."""
+        calls = [(1, keys.slots, self._slot_lease_ms, *slots) for keys, slots in batch]
+        results = await self._pipelined("renew", self._renew, calls)
+        added = sum(int(r) for r in results if not isinstance(r, Exception))
+        if added:  # expired while renewals failed, yet their requests still run
+            log.warning("limits: %d expired slots of running requests taken again", added)
+
+    async def _pipelined(
+        self, op: str, script: AsyncScript, calls: list[tuple[Any, ...]]
+    ) -> list[Any]:
+        """``calls`` of ``script`` in one pipeline, within one timeout per 64; the
+        script loaded again when the server lost it (a restart, SCRIPT FLUSH)."""
         started = time.perf_counter()
         try:
-            async with asyncio.timeout(self._timeout_s * (1 + len(batch) // _SCRIPTS_PER_TIMEOUT)):
-                results = await self._settle_all(batch)
+            async with asyncio.timeout(self._timeout_s * (1 + len(calls) // _SCRIPTS_PER_TIMEOUT)):
+                results = await self._evalsha_all(script.sha, calls)
                 if any(isinstance(r, NoScriptError) for r in results):
-                    # A restarted or flushed Redis: load the script and send the batch
-                    # again (settlements are idempotent: none is applied twice).
-                    await self._client.script_load(SETTLE)
-                    results = await self._settle_all(batch)
+                    await self._client.script_load(script.script)
+                    results = await self._evalsha_all(script.sha, calls)
         finally:
-            self._metrics.limits_store_call("settle", time.perf_counter() - started)
+            self._metrics.limits_store_call(op, time.perf_counter() - started)
         # A server state (read-only after a failover, loading, out of memory,
         # cluster moves: ResponseError's subclasses, NOSCRIPT among them) passes:
-        # the whole batch is retried with backoff, idempotently. Only a plain
-        # ResponseError is the script's own (a bug, a key of the wrong type):
-        # retrying would fail again, so it is counted and dropped.
+        # the whole batch is sent again later (settlements with backoff, renewals
+        # at the next interval). Only a plain ResponseError is the script's own (a
+        # bug, a key of the wrong type): sending it again would fail again, so it
+        # is counted and dropped.
         for result in results:
             if isinstance(result, Exception) and type(result) is not ResponseError:
                 raise result
-        refused = [r for r in results if type(r) is ResponseError]
+        refused = [r for r in results if isinstance(r, Exception)]
         for _ in refused:
-            self._metrics.limits_store_error("settle")
-        if refused and not self._refusing:
+            self._metrics.limits_store_error(op)
+        if refused and op not in self._refusing:
             log.error(
-                "limits settlements refused by the store (%d in this batch): %s",
+                "limits %s scripts refused by the store (%d in this batch): %s",
+                op,
                 len(refused),
                 self._why(refused[0]),
             )
-        self._refusing = bool(refused)
+        if refused:
+            self._refusing.add(op)
+        else:
+            self._refusing.discard(op)
+        return results
 
-    async def _settle_all(self, batch: list[_Settlement]) -> list[Any]:
+    async def _evalsha_all(self, sha: str, calls: list[tuple[Any, ...]]) -> list[Any]:
         # EVALSHA queued as is: a Script in a pipeline costs a SCRIPT EXISTS
         # round trip per batch.
         async with self._client.pipeline(transaction=False) as pipe:
-            for s in batch:
-                pipe.evalsha(
-                    self._settle.sha,
-                    len(s.keys.settle),
-                    *s.keys.settle,
-                    s.hold,
-                    s.tpm,
-                    s.minute_refund,
-                    s.day,
-                    s.day_refund,
-                    1 if s.void else 0,
-                    self._lease_ms,
-                )
+            for args in calls:
+                pipe.evalsha(sha, *args)
             results: list[Any] = await pipe.execute(raise_on_error=False)
         return results
 

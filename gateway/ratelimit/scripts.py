@@ -1,4 +1,4 @@
-"""The Redis store's two server-side Lua scripts: one decision each.
+"""The Redis store's server-side Lua scripts: one decision each.
 
 Key layout (one tenant; ``T`` is the tenant name as UTF-8 hex, the braces
 are a cluster hash tag so that one script's keys share a slot):
@@ -12,7 +12,8 @@ key                              type    TTL
 ``<prefix>{T}:day``              hash    ``d`` UTC day, ``u`` tokens charged that
                                          day: until one hour after that day ends
 ``<prefix>{T}:slots``            zset    concurrency slots scored by lease expiry
-                                         (ms): the latest lease + 60 s
+                                         (ms, ``lease_ttl_s`` after the reservation
+                                         or the last renewal): the latest + 60 s
 ``<prefix>{T}:holds``            zset    holds with tokens to settle, scored by
                                          lease expiry (ms): the latest lease + 60 s
 ``<prefix>{T}:void``             zset    voids that arrived before their lost
@@ -25,17 +26,18 @@ their fraction (levels, times) are written and returned as ``%.17g``
 strings: Redis turns a Lua number reply into an integer.
 
 **reserve** (keys rpm, tpm, day, slots, holds, void; argv rpm, tpm, minute
-charge, tpd, day charge, max concurrent, hold id, lease ms, register) first
-looks for its hold id in ``void``: a replica gave up on this very call (its
-reply was lost) and the void got there first, so it takes nothing, removes
-the tombstone and answers refused bit 16 (nobody waits for that answer).
-Otherwise it evaluates every
-limit (expired slots are pruned first), and only if none fails takes 1
-request, the minute charge, the day charge (a counter of an older day starts
-again at 0), a slot scored ``now + lease`` and, when ``register`` is 1, the
-hold's entry in ``holds``. A 0 limit is unlimited; a 0 charge is not
-checked. Returns ``{refused bits, requests level, tokens level, seconds to
-the next UTC midnight, day}`` (levels as found on refusal, after the take on
+charge, tpd, day charge, max concurrent, hold id, lease ms, register, slot
+lease ms) first looks for its hold id in ``void``: a replica gave up on this
+very call (its reply was lost) and the void got there first, so it takes
+nothing, removes the tombstone and answers refused bit 16 (nobody waits for
+that answer). Otherwise it evaluates every limit (expired slots are pruned
+first), and only if none fails takes 1 request, the minute charge, the day
+charge (a counter of an older day starts again at 0), a slot scored ``now +
+slot lease`` (its replica renews it, see **renew**) and, when ``register``
+is 1, the hold's entry in ``holds`` scored ``now + lease`` (the longest the
+request may run). A 0 limit is unlimited; a 0 charge is not checked.
+Returns ``{refused bits, requests level, tokens level, seconds to the next
+UTC midnight, day}`` (levels as found on refusal, after the take on
 success, ``""`` when unlimited).
 
 **settle** (keys tpm, day, slots, holds, void; argv hold id, tpm, minute
@@ -50,6 +52,15 @@ hold nor its slot may have overtaken that reservation on its way to the
 server (another connection): it leaves a tombstone in ``void`` for the
 lease, which the reservation finds if it ever runs. Returns ``{refunds
 applied 0|1, slot freed 0|1}``.
+
+**renew** (keys slots; argv slot lease ms, then the slot ids one replica
+holds for the tenant) scores each id ``now + slot lease``, adding the ones
+that are missing, and returns how many it added. A missing id is a slot
+that expired while its replica could not reach the server (it renewed only
+what it still holds: its requests are running), or one wiped with the
+server's data: counting it again is the true state, even if the tenant is
+then over its limit for a while (new reservations are refused until it is
+not). It never prunes: ``reserve`` does.
 
 **Out of memory.** Every script starts with the ``#!lua`` shebang and no
 flags: Redis (7.0+) then knows before running it that it may write, and
@@ -98,6 +109,7 @@ RESERVE = (
 local rpm, tpm, minute = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local tpd, daily, conc = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local hold, lease, register = ARGV[7], tonumber(ARGV[8]), ARGV[9] == '1'
+local slot_lease = tonumber(ARGV[10])
 local function extend(key, ms)
   if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
 end
@@ -144,8 +156,8 @@ if refused == 0 then
     redis.call('EXPIREAT', KEYS[3], (day + 1) * 86400 + 3600)
   end
   if conc > 0 then
-    redis.call('ZADD', KEYS[4], now_ms + lease, hold)
-    extend(KEYS[4], lease + 60000)
+    redis.call('ZADD', KEYS[4], now_ms + slot_lease, hold)
+    extend(KEYS[4], slot_lease + 60000)
   end
   if register then
     redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now_ms)
@@ -195,6 +207,21 @@ if ARGV[6] == '1' and held == 0 and freed == 0 then
   end
 end
 return {applied, freed}
+"""
+)
+
+RENEW = (
+    SHEBANG
+    + """
+local t = redis.call('TIME')
+local expiry = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
+local added = 0
+for i = 2, #ARGV do
+  added = added + redis.call('ZADD', KEYS[1], expiry, ARGV[i])
+end
+local keep = tonumber(ARGV[1]) + 60000
+if redis.call('PTTL', KEYS[1]) < keep then redis.call('PEXPIRE', KEYS[1], keep) end
+return added
 """
 )
 

@@ -130,7 +130,10 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 
 def cmd_evidence_add(args: argparse.Namespace) -> int:
-    from gateway.books.evidence.service import EvidenceService
+    import asyncio
+
+    from gateway.books.evidence.catalog import EvidenceRecord
+    from gateway.books.state.factory import evidence_service, open_state
     from gateway.core.errors import GatewayError
 
     loaded = _load(args.config)
@@ -138,18 +141,26 @@ def cmd_evidence_add(args: argparse.Namespace) -> int:
     if tenant is None:
         print("error: tenant_not_configured", file=sys.stderr)
         return 1
-    service = EvidenceService.from_config(loaded.config.staging)
     try:
         data = Path(args.file).read_bytes()
-        record = service.upload(tenant, data, None, args.locator)
     except OSError as exc:
         print(f"error: cannot read the file ({type(exc).__name__})", file=sys.stderr)
         return 1
+
+    async def add() -> EvidenceRecord:
+        state = open_state(loaded.config, os.environ)
+        try:
+            return await evidence_service(loaded.config, state).upload(
+                tenant, data, None, args.locator
+            )
+        finally:
+            await state.close()
+
+    try:
+        record = asyncio.run(add())
     except GatewayError as exc:
         print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
         return 1
-    finally:
-        service.close()
     print(json.dumps(record.to_api(), indent=2))
     return 0
 
@@ -226,6 +237,13 @@ def cmd_policies_generator(args: argparse.Namespace) -> int:
         return 0
     sys.stdout.write(text)
     return 0
+
+
+def cmd_receipts(args: argparse.Namespace) -> int:
+    from gateway.tools import receipts_cli
+
+    run = receipts_cli.verify if args.receipts_verb == "verify" else receipts_cli.merge
+    return run(args.paths)
 
 
 def cmd_simulator(args: argparse.Namespace) -> int:
@@ -314,6 +332,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--name", default=POLICIES_CONFIG_MAP, help="the ConfigMap's name")
     p.set_defaults(func=cmd_policies_generator)
+
+    p = verbs.add_parser("receipts", help="check or merge the audit files of a fleet")
+    rc = p.add_subparsers(dest="receipts_verb", required=True)
+    for name, about in (
+        ("verify", "report gaps, forks and torn lines in every replica's chain (exit 1 if any)"),
+        ("merge", "print every receipt line in one stream, by created, replica and seq"),
+    ):
+        q = rc.add_parser(name, help=about, description=about)
+        q.add_argument(
+            "paths", nargs="+", metavar="DIR", help="audit directories (or files) to read"
+        )
+        q.set_defaults(func=cmd_receipts)
 
     p = verbs.add_parser("demo", help="simulator + gateway + one multimodal request")
     p.add_argument(

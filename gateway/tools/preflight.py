@@ -104,6 +104,13 @@ def preflight(config: GatewayConfig, env: Mapping[str, str]) -> list[Finding]:
         findings.append(
             _error("limits_store.password_env", f"environment variable {name} is not set or empty")
         )
+    if config.state.backend == "postgres":
+        name = config.state.dsn_env
+        # Checked for shape only: the DSN holds a password and is never printed.
+        if not env.get(name, "").startswith(("postgresql://", "postgres://")):
+            findings.append(
+                _error("state.dsn_env", f"environment variable {name} holds no postgresql:// DSN")
+            )
     findings += launch_digest_warnings(config)
     return findings
 

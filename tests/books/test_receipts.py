@@ -170,7 +170,9 @@ async def test_flush_and_close_stop_waiting_on_a_full_disk(tmp_path: Path) -> No
 
 async def test_rotation_keeps_the_newest_files(tmp_path: Path) -> None:
     path = tmp_path / "receipts.jsonl"
-    line = len(orjson.dumps(_receipt(0))) + 1
+    # As the writer stamps it: its chain fields are part of the line's size.
+    stamped = dataclasses.replace(_receipt(0), replica="replica", seq=10, prev_sha256="0" * 64)
+    line = len(orjson.dumps(stamped)) + 1
     writer = ReceiptWriter(path, rotate_bytes=line * 3, keep=2)
     await writer.start()
     for i in range(10):
@@ -182,7 +184,13 @@ async def test_rotation_keeps_the_newest_files(tmp_path: Path) -> None:
 
 def _check_rotated(folder: Path, path: Path, bound: int) -> None:
     files = sorted(p.name for p in folder.iterdir())
-    assert files == ["receipts.jsonl", "receipts.jsonl.1", "receipts.jsonl.2"]
+    # The lock file stays where it is while the audit files rotate past it.
+    assert files == [
+        "receipts.jsonl",
+        "receipts.jsonl.1",
+        "receipts.jsonl.2",
+        "receipts.jsonl.lock",
+    ]
     kept = _ids(folder / "receipts.jsonl.2") + _ids(folder / "receipts.jsonl.1") + _ids(path)
     assert kept == [f"req-{i}" for i in range(10 - len(kept), 10)]
     assert all(p.stat().st_size <= bound for p in folder.iterdir())

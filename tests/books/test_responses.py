@@ -1,277 +1,197 @@
-"""The Responses id book: noted in memory at once, written to the catalog in
-batches, kept through a failing volume, never rewritten once forgotten."""
+"""The response book over a store: keeps of one moment share one commit, every
+waiter is released only once its commit is done, a failing or slow store is
+``state_unavailable`` for its waiters, and the expiry sweep runs on its own."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
-from gateway.books import responses as response_book
-from gateway.books.evidence.catalog import Catalog, ResponseRow, StorageFull
-from gateway.books.responses import ResponseBook
+from gateway.books.protocols import KeptResponse
+from gateway.books.responses import MAX_KEPT_BYTES, ResponseBook
+from gateway.books.sqlite_responses import SqliteResponseStore
+from gateway.core.errors import GatewayError
 from tests.support.poll import eventually_async
 
+NOW = 1_000_000.0
 
-class CountingCatalog(Catalog):
-    """The real catalog, counting its response writes and failing the first
-    ``fail`` of them as a full volume would."""
+
+class CountingStore(SqliteResponseStore):
+    """The real store, counting its commits; ``gate`` holds each commit until
+    set, ``fail`` makes the next ones fail as a refused write would."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
-        self.writes: list[int] = []
+        self.commits: list[int] = []
+        self.gate: asyncio.Event | None = None
         self.fail = 0
+        self.expired = 0
 
-    def record_responses(self, rows: list[ResponseRow]) -> None:
+    async def keep(self, rows: Sequence[KeptResponse], max_bytes: Mapping[str, int]) -> None:
+        if self.gate is not None:
+            await self.gate.wait()
         if self.fail:
             self.fail -= 1
-            raise StorageFull()
-        self.writes.append(len(rows))
-        super().record_responses(rows)
+            raise GatewayError("state_unavailable")
+        await super().keep(rows, max_bytes)
+        self.commits.append(len(rows))
+
+    async def expire(self, now: float) -> int:
+        self.expired += 1
+        return await super().expire(now)
+
+
+def make_book(store: CountingStore, **options: float) -> ResponseBook:
+    timeout_s = options.pop("timeout_s", 5.0)
+    return ResponseBook(store, ttl_s=60, timeout_s=timeout_s, clock=lambda: NOW, **options)
 
 
 @pytest.fixture
-async def book(tmp_path: Path) -> AsyncIterator[tuple[ResponseBook, CountingCatalog]]:
-    catalog = CountingCatalog(tmp_path / "cat.sqlite3")
-    book = ResponseBook(catalog, ttl_s=3600)
+async def store(tmp_path: Path) -> AsyncIterator[CountingStore]:
+    opened = CountingStore(tmp_path / "catalog.sqlite3")
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+def kept(book: ResponseBook, rid: str, previous: str | None = None) -> KeptResponse:
+    return book.row(
+        tenant="acme",
+        response_id=rid,
+        alias="small",
+        previous_id=previous,
+        input_items=b'[{"type":"message"}]',
+        output_items=b"[]",
+        body=b'{"id":"%s"}' % rid.encode(),
+        upstream_id=None,
+    )
+
+
+async def test_a_kept_row_is_found_as_soon_as_keep_returns(store: CountingStore) -> None:
+    book = make_book(store)
+    await book.keep(kept(book, "resp_1"), 1 << 20)
+    found = await book.get("acme", "resp_1")
+    assert found is not None and found.body == b'{"id":"resp_1"}'
+    assert (found.created, found.expires) == (NOW, int(NOW) + 60)
+    assert await book.get("globex", "resp_1") is None
+
+
+async def test_keeps_of_one_moment_share_one_commit(store: CountingStore) -> None:
+    book = make_book(store)
+    await asyncio.gather(*(book.keep(kept(book, f"resp_{i}"), 1 << 20) for i in range(50)))
+    assert sum(store.commits) == 50 and len(store.commits) <= 2, store.commits
+    assert all([await book.get("acme", f"resp_{i}") for i in range(50)])
+
+
+async def test_keeps_during_a_commit_go_into_the_next_one(store: CountingStore) -> None:
+    book = make_book(store)
+    store.gate = asyncio.Event()
+    first = asyncio.create_task(book.keep(kept(book, "resp_first"), 1 << 20))
+    await eventually_async(lambda: book._committer is not None and not book._rows, "committing")
+    later = [asyncio.create_task(book.keep(kept(book, f"resp_{i}"), 1 << 20)) for i in range(9)]
+    await asyncio.sleep(0)
+    assert not first.done() and not any(t.done() for t in later), "nobody before its commit"
+    store.gate.set()
+    await asyncio.gather(first, *later)
+    assert store.commits == [1, 9]
+
+
+async def test_a_waiter_is_released_only_after_its_commit(store: CountingStore) -> None:
+    book = make_book(store)
+    store.gate = asyncio.Event()
+    task = asyncio.create_task(book.keep(kept(book, "resp_1"), 1 << 20))
+    await asyncio.sleep(0.05)
+    assert not task.done() and store.commits == []
+    store.gate.set()
+    await task
+    assert store.commits == [1]
+
+
+async def test_a_failing_store_is_state_unavailable_for_every_waiter(
+    store: CountingStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    book = make_book(store)
+    store.fail = 1
+    with caplog.at_level(logging.INFO, logger="gateway.responses"):
+        results = await asyncio.gather(
+            *(book.keep(kept(book, f"resp_{i}"), 1 << 20) for i in range(5)),
+            return_exceptions=True,
+        )
+        assert all(isinstance(r, GatewayError) and r.code == "state_unavailable" for r in results)
+        assert await book.get("acme", "resp_0") is None
+        await book.keep(kept(book, "resp_again"), 1 << 20)
+    assert await book.get("acme", "resp_again") is not None
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("failed (state_unavailable)" in m for m in messages)
+    assert any("accepts writes again" in m for m in messages)
+
+
+async def test_a_store_slower_than_the_timeout_is_state_unavailable(store: CountingStore) -> None:
+    book = make_book(store, timeout_s=0.05)
+    store.gate = asyncio.Event()
+    with pytest.raises(GatewayError) as caught:
+        await book.keep(kept(book, "resp_slow"), 1 << 20)
+    assert caught.value.code == "state_unavailable"
+    store.gate.set()
+    await eventually_async(lambda: book._committer is None, "the commit ended")
+
+
+async def test_a_body_over_the_bound_is_kept_without_it(store: CountingStore) -> None:
+    book = make_book(store)
+    big = book.row(
+        tenant="acme",
+        response_id="resp_big",
+        alias="small",
+        previous_id=None,
+        input_items=b"[]",
+        output_items=b"[]",
+        body=b"x" * (MAX_KEPT_BYTES + 1),
+        upstream_id="w",
+    )
+    assert big.body is None and big.upstream_id == "w"
+
+
+async def test_chain_and_forget_go_through_the_book(store: CountingStore) -> None:
+    book = make_book(store)
+    await book.keep(kept(book, "resp_a"), 1 << 20)
+    await book.keep(kept(book, "resp_b", previous="resp_a"), 1 << 20)
+    assert [r.id for r in await book.chain("acme", "resp_b", 10)] == ["resp_a", "resp_b"]
+    assert await book.forget("acme", "resp_a") is True
+    chain = await book.chain("acme", "resp_b", 10)
+    assert [r.id for r in chain] == ["resp_b"] and chain[0].previous_id == "resp_a"
+
+
+async def test_the_expiry_sweep_runs_until_closed(store: CountingStore) -> None:
+    book = make_book(store, sweep_s=0.01)
     book.start()
     try:
-        yield book, catalog
+        await eventually_async(lambda: store.expired >= 2, "the sweep ran twice")
     finally:
-        await book.aclose(5)
-        catalog.close()
+        assert await book.aclose(1) == 0
+    swept = store.expired
+    await asyncio.sleep(0.05)
+    assert store.expired == swept, "no sweep after close"
 
 
-async def test_a_noted_id_is_the_tenants_at_once_and_in_the_catalog_soon(
-    book: tuple[ResponseBook, CountingCatalog],
-) -> None:
-    responses, catalog = book
-    responses.note("acme", "resp_1", "small", b'{"id":"resp_1"}')
-    assert await responses.entry("acme", "resp_1") == ("small", b'{"id":"resp_1"}', None)
-    assert await responses.entry("globex", "resp_1") is None
-    await eventually_async(lambda: responses.pending == 0, "every id written", 5)
-    assert catalog.response_entry("acme", "resp_1") == ("small", b'{"id":"resp_1"}', None)
-    assert catalog.response_entry("globex", "resp_1") is None
+async def test_a_closed_book_refuses_keeps(store: CountingStore) -> None:
+    book = make_book(store)
+    await book.aclose(1)
+    with pytest.raises(GatewayError) as caught:
+        await book.keep(kept(book, "resp_late"), 1 << 20)
+    assert caught.value.code == "state_unavailable"
 
 
-async def test_notes_of_one_moment_share_one_write(
-    book: tuple[ResponseBook, CountingCatalog],
-) -> None:
-    responses, catalog = book
-    for i in range(50):
-        responses.note("acme", f"resp_{i}", "small", None)
-    await eventually_async(lambda: responses.pending == 0, "every id written", 5)
-    assert catalog.writes == [50]
-    assert all(catalog.response_entry("acme", f"resp_{i}") for i in range(50))
-
-
-async def test_a_failing_volume_keeps_ids_in_memory_until_it_recovers(
-    book: tuple[ResponseBook, CountingCatalog], caplog: pytest.LogCaptureFixture
-) -> None:
-    responses, catalog = book
-    catalog.fail = 2
-    with caplog.at_level(logging.INFO, logger="gateway.responses"):
-        responses.note("acme", "resp_full", "small", b"{}")
-        await eventually_async(lambda: catalog.fail == 0, "the failing writes tried", 5)
-        # Still the tenant's meanwhile, from memory.
-        assert (await responses.entry("acme", "resp_full") or ("",))[0] == "small"
-        await eventually_async(lambda: responses.pending == 0, "every id written", 5)
-    assert catalog.response_entry("acme", "resp_full") == ("small", b"{}", None)
-    messages = [r.getMessage() for r in caplog.records]
-    assert messages.count("responses: catalog write failed (storage_error), retrying") == 1
-    assert "responses: catalog writes recovered" in messages
-
-
-async def test_a_forgotten_id_is_never_written_back(
-    book: tuple[ResponseBook, CountingCatalog],
-) -> None:
-    responses, catalog = book
-    responses.note("acme", "resp_gone", "small", b"{}")
-    await responses.forget("acme", "resp_gone")
-    await responses.flush()
-    assert await responses.entry("acme", "resp_gone") is None
-    assert catalog.response_entry("acme", "resp_gone") is None
-    assert responses.pending == 0
-
-
-async def test_a_note_during_a_write_stays_for_the_next(tmp_path: Path) -> None:
-    catalog = CountingCatalog(tmp_path / "cat.sqlite3")
-    responses = ResponseBook(catalog, ttl_s=3600)
-    try:
-        responses.note("acme", "resp_x", "first", None)
-        original = catalog.record_responses
-
-        def renote_while_writing(rows: list[ResponseRow]) -> None:
-            original(rows)
-            # As a request on the loop would, while the batch's thread writes.
-            responses.note("acme", "resp_x", "second", None)
-
-        catalog.record_responses = renote_while_writing  # type: ignore[method-assign]
-        assert await responses.flush() == 1
-        assert responses.pending == 1
-        assert (await responses.entry("acme", "resp_x") or ("",))[0] == "second"
-        catalog.record_responses = original  # type: ignore[method-assign]
-        assert await responses.flush() == 1
-        assert catalog.response_entry("acme", "resp_x") == ("second", None, None)
-    finally:
-        catalog.close()
-
-
-async def test_kept_bodies_waiting_are_bounded(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(response_book, "MAX_PENDING_BODY_BYTES", 10)
-    catalog = CountingCatalog(tmp_path / "cat.sqlite3")
-    responses = ResponseBook(catalog, ttl_s=3600)
-    try:
-        responses.note("acme", "resp_a", "small", b"123456")
-        responses.note("acme", "resp_b", "small", b"123456")  # past the bound: no body
-        responses.note("acme", "resp_a", "small", b"1234")  # replaces its own bytes
-        assert await responses.entry("acme", "resp_a") == ("small", b"1234", None)
-        assert await responses.entry("acme", "resp_b") == ("small", None, None)
-        await responses.flush()
-        responses.note("acme", "resp_c", "small", b"123456789")  # room again once written
-        assert await responses.entry("acme", "resp_c") == ("small", b"123456789", None)
-    finally:
-        catalog.close()
-
-
-async def test_close_writes_what_is_left(tmp_path: Path) -> None:
-    catalog = CountingCatalog(tmp_path / "cat.sqlite3")
-    responses = ResponseBook(catalog, ttl_s=3600)
-    responses.start()
-    responses.note("acme", "resp_last", "small", None)
-    assert await responses.aclose(5) == 0
-    assert catalog.response_entry("acme", "resp_last") == ("small", None, None)
-    catalog.fail = 100
-    responses.note("acme", "resp_lost", "small", None)
-    assert await responses.aclose(1) == 1
-    catalog.close()
-
-
-async def test_an_id_expires_in_memory_too(tmp_path: Path) -> None:
-    now = [1000.0]
-    catalog = CountingCatalog(tmp_path / "cat.sqlite3")
-    responses = ResponseBook(catalog, ttl_s=60, clock=lambda: now[0])
-    try:
-        responses.note("acme", "resp_old", "small", None)
-        now[0] += 61
-        assert await responses.entry("acme", "resp_old") is None
-    finally:
-        catalog.close()
-
-
-class BrokenCatalog(CountingCatalog):
-    """Raises what a translated SQLite error is not (e.g. an integer too big to bind)."""
-
-    def record_responses(self, rows: list[ResponseRow]) -> None:
-        if self.fail:
-            self.fail -= 1
-            raise OverflowError("Python int too large to convert to SQLite INTEGER")
-        super().record_responses(rows)
-
-
-async def test_the_flusher_outlives_an_unexpected_error(tmp_path: Path) -> None:
-    catalog = BrokenCatalog(tmp_path / "cat.sqlite3")
-    catalog.fail = 1
-    responses = ResponseBook(catalog, ttl_s=3600)
-    responses.start()
-    try:
-        responses.note("acme", "resp_odd", "small", None)
-        await eventually_async(lambda: responses.pending == 0, "every id written", 5)
-        assert catalog.response_entry("acme", "resp_odd") == ("small", None, None)
-    finally:
-        catalog.fail = 100
-        responses.note("acme", "resp_late", "small", None)
-        assert await responses.aclose(1) == 1  # counted, not raised
-        catalog.close()
-
-
-async def test_ids_no_caller_could_name_are_not_kept(tmp_path: Path) -> None:
-    catalog = CountingCatalog(tmp_path / "cat.sqlite3")
-    responses = ResponseBook(catalog, ttl_s=3600)
-    try:
-        for odd in ("", "resp_" + "x" * 65, "chatcmpl-1", "resp_a/b"):
-            responses.note("acme", odd, "small", None)
-        assert responses.pending == 0
-    finally:
-        catalog.close()
-
-
-async def test_pending_ids_are_bounded_and_expired_ones_pruned(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(response_book, "MAX_PENDING_IDS", 3)
-    now = [1000.0]
-    catalog = CountingCatalog(tmp_path / "cat.sqlite3")
-    responses = ResponseBook(catalog, ttl_s=60, clock=lambda: now[0])
-    try:
-        for i in range(3):
-            responses.note("acme", f"resp_{i}", "small", None)
-        responses.note("acme", "resp_over", "small", None)
-        assert responses.pending == 3
-        assert await responses.entry("acme", "resp_over") is None
-        now[0] += 61  # the three expire: room again
-        responses.note("acme", "resp_after", "small", None)
-        assert responses.pending == 1
-        assert (await responses.entry("acme", "resp_after") or ("",))[0] == "small"
-    finally:
-        catalog.close()
-
-
-async def test_a_failed_forget_leaves_the_id_as_it_was(tmp_path: Path) -> None:
-    catalog = CountingCatalog(tmp_path / "cat.sqlite3")
-    responses = ResponseBook(catalog, ttl_s=3600)
-    try:
-        responses.note("acme", "resp_keep", "small", None)
-
-        def refuse(tenant: str, response_id: str) -> None:
-            raise StorageFull()
-
-        catalog.forget_response = refuse  # type: ignore[method-assign]
-        with pytest.raises(StorageFull):
-            await responses.forget("acme", "resp_keep")
-        assert (await responses.entry("acme", "resp_keep") or ("",))[0] == "small"
-    finally:
-        catalog.close()
-
-
-async def test_the_workers_id_is_kept_beside_the_gateways(
-    book: tuple[ResponseBook, CountingCatalog],
-) -> None:
-    """Callers name the gateway's id (spec §21); the worker knows its own."""
-    responses, catalog = book
-    responses.note("acme", "resp_gateway", "small", None, "resp_worker-7")
-    assert await responses.entry("acme", "resp_gateway") == ("small", None, "resp_worker-7")
-    await responses.flush()
-    assert catalog.response_entry("acme", "resp_gateway") == ("small", None, "resp_worker-7")
-    assert catalog.response_entry("acme", "resp_worker-7") is None
-
-
-def test_a_catalog_from_before_gateway_ids_gains_the_column(tmp_path: Path) -> None:
-    import sqlite3
-    import time
-
-    path = tmp_path / "old.sqlite3"
-    with sqlite3.connect(path) as conn:
-        conn.execute(
-            "CREATE TABLE responses (tenant TEXT NOT NULL, id TEXT NOT NULL, alias TEXT NOT "
-            "NULL, expires INTEGER NOT NULL, body BLOB, PRIMARY KEY (tenant, id))"
-        )
-        conn.execute(
-            "INSERT INTO responses VALUES ('acme', 'resp_old', 'small', ?, NULL)",
-            (int(time.time()) + 3600,),
-        )
-    conn.close()
-    catalog = Catalog(path)
-    try:
-        # An old row's id is the worker's own: no upstream id recorded.
-        assert catalog.response_entry("acme", "resp_old") == ("small", None, None)
-        catalog.record_responses(
-            [ResponseRow("acme", "resp_new", "small", int(time.time()) + 60, None, "w")]
-        )
-        assert catalog.response_entry("acme", "resp_new") == ("small", None, "w")
-    finally:
-        catalog.close()
+async def test_close_waits_for_a_running_commit(store: CountingStore) -> None:
+    book = make_book(store)
+    store.gate = asyncio.Event()
+    task = asyncio.create_task(book.keep(kept(book, "resp_1"), 1 << 20))
+    await eventually_async(lambda: not book._rows and book._committer is not None, "committing")
+    asyncio.get_running_loop().call_later(0.05, store.gate.set)
+    assert await book.aclose(5) == 0
+    await task
+    assert store.commits == [1]

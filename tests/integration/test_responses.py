@@ -3,16 +3,20 @@ official ``openai`` SDK against the protocol simulator."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import struct
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import openai
+import pydantic
 import pytest
-from openai.types.responses import ResponseCompletedEvent, ResponseTextDeltaEvent
+from openai.types.responses import ResponseCompletedEvent, ResponseItem, ResponseTextDeltaEvent
 
+from gateway.core.errors import GatewayError
 from gateway.testing.harness import DEMO_SECRET_ENV
 from gateway.testing.simulator import EMBEDDINGS_FAULTS, RESPONSES_FAULTS
 from tests.support.evidence import PNG, decoded, staged
@@ -22,6 +26,7 @@ from tests.support.stack import Stack, running_stack, worker_posts
 ENDPOINTS = ["chat.completions", "completions", "responses", "embeddings", "models", "evidence"]
 FAST = {"first_event_timeout_s": 0.6, "idle_timeout_s": 0.6, "total_timeout_s": 5}
 ALIAS = "gemma-4-mm"
+ResponseItemAdapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(ResponseItem)
 
 
 @pytest.fixture(scope="module")
@@ -149,29 +154,112 @@ def test_refused_fields_name_their_path(stack: Stack, extra: dict[str, Any], par
     assert len(worker_posts(stack.sim)) == before
 
 
-# -- response ids are the tenant's --------------------------------------------------
+# -- conversations are the gateway's (spec §17) -----------------------------------
+
+
+def _texts(items: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(role, text) of each message item the worker got, its parts joined."""
+    out = []
+    for entry in items:
+        content = entry["content"]
+        parts = [content] if isinstance(content, str) else [p["text"] for p in content]
+        out.append((entry["role"], "".join(parts)))
+    return out
 
 
 def test_previous_response_id_own_other_and_unknown(stack: Stack) -> None:
     acme = _sdk(stack)
-    own = acme.responses.create(model=ALIAS, input="one")
+    own = acme.responses.create(model=ALIAS, input="one [[sim chunks=2]]")
     acme.responses.create(model=ALIAS, input="two", previous_response_id=own.id)
-    # The caller holds the gateway's id (spec §21); the worker gets its own back.
-    forwarded = _last_post(stack)["previous_response_id"]
-    assert forwarded != own.id and stack.sim.has_history(forwarded)
-    assert stack.receipt(own._request_id or "")["upstream_id"] == forwarded
+    sent = _last_post(stack)
+    # The worker gets the conversation itself, and is asked to keep nothing.
+    assert "previous_response_id" not in sent and sent["store"] is False
+    assert _texts(sent["input"]) == [
+        ("user", "one [[sim chunks=2]]"),
+        ("assistant", own.output_text),
+        ("user", "two"),
+    ]
     before = len(worker_posts(stack.sim))
     globex = _sdk(stack, "globex")
     for other in (own.id, "resp_00000000-0000-0000-0000-000000000000", "not-an-id"):
         with pytest.raises(openai.NotFoundError) as info:
             globex.responses.create(model=ALIAS, input="x", previous_response_id=other)
         assert info.value.code == "response_not_found"
+        assert info.value.body["param"] == "previous_response_id"  # type: ignore[index]
     assert len(worker_posts(stack.sim)) == before, "no foreign id reached the worker"
+
+
+def test_a_chain_carries_its_whole_history_whatever_the_worker_kept(stack: Stack) -> None:
+    acme = _sdk(stack)
+    first = acme.responses.create(
+        model=ALIAS, input="first [[sim chunks=1]]", instructions="old rules"
+    )
+    events = list(
+        acme.responses.create(
+            model=ALIAS, input="second [[sim chunks=2]]", previous_response_id=first.id, stream=True
+        )
+    )
+    assert isinstance(events[-1], ResponseCompletedEvent)
+    second = events[-1].response
+    third = acme.responses.create(
+        model=ALIAS,
+        input=[{"role": "user", "content": "third"}],
+        previous_response_id=second.id,
+        instructions="new rules",
+    )
+    sent = _last_post(stack)
+    assert _texts(sent["input"]) == [
+        ("user", "first [[sim chunks=1]]"),
+        ("assistant", first.output_text),
+        ("user", "second [[sim chunks=2]]"),
+        ("assistant", second.output_text),
+        ("user", "third"),
+    ]
+    assert sent["instructions"] == "new rules", "a chain's instructions are not carried over"
+    # Every request asked the worker to keep nothing, and it kept nothing: a
+    # worker restart (or another replica's worker) loses nothing of the conversation.
+    assert all(r.json["store"] is False for r in worker_posts(stack.sim)[-3:])  # type: ignore[index]
+    stack.receipt(third._request_id or "")
+    receipts = [r for r in stack.receipts() if r["endpoint"] == "responses"][-3:]
+    assert all(r["upstream_id"] and not stack.sim.has_history(r["upstream_id"]) for r in receipts)
+
+
+def test_a_tool_call_is_carried_as_its_input_item(stack: Stack) -> None:
+    client = _sdk(stack)
+    tools: Any = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
+    first = client.responses.create(model=ALIAS, input="weather? [[sim tool_call=1]]", tools=tools)
+    [call] = [item for item in first.output if item.type == "function_call"]
+    output: Any = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
+    second = client.responses.create(
+        model=ALIAS, input=[output], previous_response_id=first.id, tools=tools
+    )
+    assert second.status == "completed"
+    sent = _last_post(stack)["input"]
+    assert {
+        "type": "function_call",
+        "call_id": call.call_id,
+        "name": call.name,
+        "arguments": call.arguments,
+    } in sent
+    assert sent[-1] == output
+
+
+def test_store_false_keeps_nothing(stack: Stack) -> None:
+    acme = _sdk(stack)
+    unstored = acme.responses.create(model=ALIAS, input="u", store=False)
+    before = _responses_calls(stack)
+    with pytest.raises(openai.NotFoundError):
+        acme.responses.retrieve(unstored.id)
+    with pytest.raises(openai.NotFoundError) as info:
+        acme.responses.create(model=ALIAS, input="x", previous_response_id=unstored.id)
+    assert info.value.code == "response_not_found"
+    assert _responses_calls(stack) == before, "nothing reached the worker"
 
 
 def test_retrieve_and_delete_own_ids_only(stack: Stack) -> None:
     acme, globex = _sdk(stack), _sdk(stack, "globex")
     created = acme.responses.create(model=ALIAS, input="keep me")
+    before = _responses_calls(stack)
     fetched = acme.responses.retrieve(created.id)
     assert (fetched.id, fetched.model, fetched.output_text) == (
         created.id,
@@ -182,10 +270,49 @@ def test_retrieve_and_delete_own_ids_only(stack: Stack) -> None:
         globex.responses.retrieve(created.id)
     with pytest.raises(openai.NotFoundError):
         globex.responses.delete(created.id)
-    acme.responses.delete(created.id)
+    deleted = acme.responses.with_raw_response.delete(created.id)
+    assert deleted.status_code == 200
+    assert deleted.http_response.json() == {
+        "id": created.id,
+        "object": "response.deleted",
+        "deleted": True,
+    }
     with pytest.raises(openai.NotFoundError) as info:
         acme.responses.retrieve(created.id)
     assert info.value.code == "response_not_found"
+    with pytest.raises(openai.NotFoundError):
+        acme.responses.create(model=ALIAS, input="x", previous_response_id=created.id)
+    assert _responses_calls(stack) == before, "the worker keeps nothing to fetch or delete"
+
+
+def test_input_items_list_through_the_sdk(stack: Stack) -> None:
+    acme = _sdk(stack)
+    given: list[Any] = [
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
+        {"type": "function_call", "call_id": "call-1", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call-1", "output": "sunny"},
+        {"role": "user", "content": "and tomorrow?"},
+    ]
+    created = acme.responses.create(model=ALIAS, input=given)
+    listed = list(acme.responses.input_items.list(created.id, limit=2, order="asc"))
+    assert [type(i).__name__ for i in listed] == [
+        "ResponseInputMessageItem",
+        "ResponseInputMessageItem",
+        "ResponseFunctionToolCallItem",
+        "ResponseFunctionToolCallOutputItem",
+        "ResponseInputMessageItem",
+    ]
+    assert all(i.id for i in listed) and len({i.id for i in listed}) == 5
+    newest = acme.responses.input_items.list(created.id)
+    assert [i.id for i in newest.data] == [i.id for i in reversed(listed)]
+    for item in listed:
+        ResponseItemAdapter.validate_python(item.model_dump(exclude_unset=True), strict=True)
+    with stack.client() as client:
+        bad = client.get(f"/v1/responses/{created.id}/input_items", params={"limit": "0"})
+    assert (bad.status_code, bad.json()["error"]["param"]) == (400, "limit")
+    with pytest.raises(openai.NotFoundError):
+        _sdk(stack, "globex").responses.input_items.list(created.id)
 
 
 # -- faults ------------------------------------------------------------------------
@@ -361,7 +488,134 @@ def test_a_streamed_response_can_be_retrieved_from_the_gateways_copy(stack: Stac
     fetched = acme.responses.retrieve(final.id)
     assert fetched.model_dump() == final.model_dump()
     assert _responses_calls(stack) == before, "answered from the kept copy"
-    # Without store, nothing is kept: GET goes to the worker, which kept nothing either.
-    unstored = acme.responses.create(model=ALIAS, input="u", store=False)
-    with pytest.raises(openai.NotFoundError):
-        acme.responses.retrieve(unstored.id)
+
+
+# -- a conversation is bounded like any prompt (spec §17) ----------------------------
+
+TOKENS_PER_DAY = 12_000
+LIMITS = {"max_output_tokens": 512, "requests_per_minute": 6000}
+
+
+@pytest.fixture(scope="module")
+def bounded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    mp = pytest.MonkeyPatch()
+    mp.setenv(DEMO_SECRET_ENV, HS_SECRET)
+    acme = {"endpoints": ENDPOINTS, "limits": {**LIMITS, "tokens_per_day": TOKENS_PER_DAY}}
+    globex = {"endpoints": ENDPOINTS, "limits": {**LIMITS, "max_prompt_bytes": 1000}}
+    try:
+        with running_stack(
+            tmp_path_factory.mktemp("bounded"), acme=acme, globex=globex, upstream=FAST
+        ) as running:
+            yield running
+    finally:
+        mp.undo()
+
+
+def _chain(stack: Stack, client: openai.OpenAI, texts: list[str], **extra: Any) -> str:
+    """The id of the last of a chain of responses to ``texts``, its receipts written."""
+    previous: str | None = None
+    for text in texts:
+        created = client.responses.create(
+            model=ALIAS, input=text, previous_response_id=previous, **extra
+        )
+        stack.receipt(created._request_id or "")
+        previous = created.id
+    assert previous is not None
+    return previous
+
+
+def test_a_chain_past_max_prompt_bytes_is_too_large(bounded: Stack) -> None:
+    globex = _sdk(bounded, "globex")
+    text = "a" * 284 + "[[sim chunks=1]]"
+    last = _chain(bounded, globex, [text] * 3)
+    before = len(worker_posts(bounded.sim))
+    with pytest.raises(openai.BadRequestError) as info:
+        globex.responses.create(model=ALIAS, input=text, previous_response_id=last)
+    assert info.value.code == "prompt_too_large"
+    assert info.value.body["param"] == "previous_response_id"  # type: ignore[index]
+    assert len(worker_posts(bounded.sim)) == before
+    # The same input alone is within the limit.
+    assert globex.responses.create(model=ALIAS, input=text).status == "completed"
+
+
+async def test_concurrent_follow_ups_stay_within_tokens_per_day(bounded: Stack) -> None:
+    acme = _sdk(bounded)
+    # Texts of whole tokens (four bytes each): the §7 estimate is the simulator's count.
+    last = _chain(bounded, acme, ["x" * 384 + "[[sim chunks=2]]"] * 5, max_output_tokens=8)
+    chain_billed = _billed(bounded)
+    body = {
+        "model": ALIAS,
+        "input": "[[sim chunks=2]] go",
+        "previous_response_id": last,
+        "max_output_tokens": 8,
+    }
+    async with httpx.AsyncClient(base_url=bounded.url, headers=bounded.headers()) as client:
+        answers = await asyncio.gather(
+            *(client.post("/v1/responses", json=body, timeout=30) for _ in range(40))
+        )
+    codes = [a.json()["error"]["code"] if a.status_code != 200 else "ok" for a in answers]
+    assert set(codes) == {"ok", "budget_exhausted"}, codes
+    for answer in answers:
+        bounded.receipt(answer.headers["x-request-id"])
+    # Each follow-up forwards the five links' 2,000 bytes of history at least: 500
+    # tokens reserved each (reserving only its own input, all 40 would have passed).
+    admitted = codes.count("ok")
+    assert admitted <= (TOKENS_PER_DAY - chain_billed) // 500
+    sent = worker_posts(bounded.sim)[-1].json
+    assert isinstance(sent, dict) and len(sent["input"]) == 11
+    # What the worker bills past the estimate is its template's few tokens a turn
+    # (the simulator's 4, spec §21), never the history.
+    assert _billed(bounded) <= TOKENS_PER_DAY + admitted * 4 * len(sent["input"])
+
+
+def _billed(stack: Stack) -> int:
+    return sum(
+        r["usage"]["total_tokens"]
+        for r in stack.receipts()
+        if r["tenant"] == "acme" and r.get("usage")
+    )
+
+
+class _RefusingStore:
+    """A response store that refuses every write, as a full state volume does."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+
+    async def keep(self, rows: Any, max_bytes: Any) -> None:
+        raise GatewayError("state_unavailable")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+@pytest.fixture
+def refusing(stack: Stack) -> Iterator[Stack]:
+    book = stack.runtime.responses
+    real = book.store
+    book.store = _RefusingStore(real)
+    try:
+        yield stack
+    finally:
+        book.store = real
+
+
+def test_an_answer_that_cannot_be_kept_is_state_unavailable(refusing: Stack) -> None:
+    with refusing.client() as client:
+        answer = client.post("/v1/responses", json={"model": ALIAS, "input": "x"})
+        streamed = client.post(
+            "/v1/responses", json={"model": ALIAS, "input": "x [[sim chunks=2]]", "stream": True}
+        )
+        unstored = client.post("/v1/responses", json={"model": ALIAS, "input": "x", "store": False})
+    assert (answer.status_code, answer.json()["error"]["code"]) == (503, "state_unavailable")
+    # After the head: the stream ends with one error event, never [DONE].
+    assert streamed.status_code == 200
+    frames = streamed.text.strip("\n").split("\n\n")
+    assert "event: response.completed" in streamed.text and "data: [DONE]" not in frames
+    name, _, data = frames[-1].partition("\ndata: ")
+    assert name == "event: error" and json.loads(data)["code"] == "state_unavailable"
+    for response in (answer, streamed):
+        receipt = refusing.receipt(response.headers["x-request-id"])
+        assert (receipt["outcome"], receipt["error_code"]) == ("incomplete", "state_unavailable")
+        assert receipt["usage"]["source"] == "reported", "what the worker made is billed"
+    assert unstored.status_code == 200, "a request that keeps nothing needs no store"

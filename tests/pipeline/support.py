@@ -12,9 +12,11 @@ from typing import Any, cast
 from gateway.apis.base import Plan
 from gateway.books.evidence.catalog import EvidenceRecord
 from gateway.books.evidence.leases import RequestMedia
+from gateway.books.protocols import KeptResponse
 from gateway.books.receipts import Receipt
 from gateway.config import LimitsConfig
 from gateway.config.policy import Modality, PolicyLimits, Tenant, TenantPolicy, resolve_limits
+from gateway.core.errors import GatewayError
 from gateway.observe.access import RequestInfo
 from gateway.observe.metrics import GatewayMetrics
 from gateway.pipeline.call import Call
@@ -186,26 +188,49 @@ class FakeLimits:
 
 
 class FakeResponses:
-    def __init__(self, owned: dict[tuple[str, str], str] | None = None) -> None:
-        self.noted: list[tuple[str, str, str, bytes | None]] = []
-        #: (tenant, response id) -> alias, for ``alias``
-        self.owned = owned or {}
+    """The response book as the pipeline uses it: rows kept in a list (or the
+    error ``fail`` raised), conversations looked up in ``chains``."""
 
-    async def entry(
-        self, tenant: str, response_id: str
-    ) -> tuple[str, bytes | None, str | None] | None:
-        alias = self.owned.get((tenant, response_id))
-        return None if alias is None else (alias, None, None)
+    def __init__(self) -> None:
+        self.kept: list[KeptResponse] = []
+        self.bounds: list[int] = []
+        #: (tenant, response id) -> the conversation ending there, oldest first
+        self.chains: dict[tuple[str, str], list[KeptResponse]] = {}
+        self.fail: GatewayError | None = None
 
-    def note(
+    def row(
         self,
+        *,
         tenant: str,
         response_id: str,
         alias: str,
+        previous_id: str | None,
+        input_items: bytes,
+        output_items: bytes,
         body: bytes | None,
-        upstream_id: str | None = None,
-    ) -> None:
-        self.noted.append((tenant, response_id, alias, body))
+        upstream_id: str | None,
+    ) -> KeptResponse:
+        return KeptResponse(
+            tenant,
+            response_id,
+            alias,
+            0.0,
+            60,
+            previous_id,
+            input_items,
+            output_items,
+            body,
+            upstream_id,
+        )
+
+    async def keep(self, row: KeptResponse, max_bytes: int) -> None:
+        if self.fail is not None:
+            raise self.fail
+        self.kept.append(row)
+        self.bounds.append(max_bytes)
+
+    async def chain(self, tenant: str, response_id: str, max_links: int) -> list[KeptResponse]:
+        return self.chains.get((tenant, response_id), [])[-max_links:]
 
 
 class FakeRuntime:

@@ -1,5 +1,5 @@
 """The request's one ``finally`` (``settle.finish``/``settle.settle``) and the
-worker call's bookkeeping (``worker.note_response``, ``worker.usage_of_call``),
+worker call's bookkeeping (``worker.keep_response``, ``worker.usage_of_call``),
 on small real objects: a real chat dialect and relay over a fake worker stream,
 real metrics, recording fakes for the receipt writer, limits and Responses ids."""
 
@@ -21,7 +21,7 @@ from gateway.core.errors import GatewayError
 from gateway.pipeline.call import Call
 from gateway.pipeline.relay import Relay, Timeouts
 from gateway.pipeline.settle import finish, settle
-from gateway.pipeline.worker import note_response, usage_of_call
+from gateway.pipeline.worker import keep_response, usage_of_call
 from gateway.ratelimit import Hold
 from tests.pipeline.support import (
     ALIAS,
@@ -248,7 +248,7 @@ async def test_finish_gives_everything_back_even_when_the_books_fail() -> None:
     assert call.exchange.done.is_set() and not _rt(call).inflight
 
 
-# -- note_response and usage_of_call ------------------------------------------
+# -- keep_response and usage_of_call ------------------------------------------
 
 
 class _ReportingDialect:
@@ -276,80 +276,97 @@ class _ReportingDialect:
         return self._report
 
 
-def _noting(report: Report, **body: Any) -> Call:
+FINAL = {
+    "id": RESPONSE_ID,
+    "status": "completed",
+    "output": [{"type": "message", "role": "assistant", "content": []}],
+}
+
+
+def _keeping(report: Report, **body: Any) -> Call:
     call = make_call()
-    call.plan = chat_plan(**body)
+    call.plan = chat_plan(input="hello", **body)
     call.dialect = cast(Dialect, _ReportingDialect(report))
     return call
 
 
-def test_note_response_records_the_id_with_its_final_object() -> None:
-    final = {"id": RESPONSE_ID, "status": "completed"}
-    call = _noting(Report(response_id=RESPONSE_ID, final=final))
-    note_response(call)
-    assert _rt(call).responses.noted == [(TENANT, RESPONSE_ID, ALIAS, orjson.dumps(final))]
+async def test_keep_response_keeps_the_items_and_the_final_object() -> None:
+    call = _keeping(Report(response_id=RESPONSE_ID, upstream_id="resp_w", final=FINAL))
+    assert call.plan is not None
+    call.plan.previous_response_id = "resp_before"
+    await keep_response(call)
+    (kept,) = _rt(call).responses.kept
+    assert (kept.tenant, kept.id, kept.alias, kept.previous_id, kept.upstream_id) == (
+        TENANT,
+        RESPONSE_ID,
+        ALIAS,
+        "resp_before",
+        "resp_w",
+    )
+    assert kept.body == orjson.dumps(FINAL)
+    assert orjson.loads(kept.output_items) == FINAL["output"]
+    (item,) = orjson.loads(kept.input_items)
+    assert (item["role"], item["content"]) == ("user", [{"type": "input_text", "text": "hello"}])
+    assert _rt(call).responses.bounds == [call.tenant.policy.responses.max_bytes]
     assert call.relayed_response == RESPONSE_ID
 
 
 @pytest.mark.parametrize(
     ("report", "body"),
     [
-        (Report(response_id=RESPONSE_ID, final={"id": RESPONSE_ID}), {"store": False}),
+        (Report(response_id=RESPONSE_ID, final=FINAL), {"store": False}),
         (Report(response_id=RESPONSE_ID, final=None), {}),
+        (Report(final=FINAL), {}),
     ],
-    ids=["store-false", "no-final"],
+    ids=["store-false", "no-final", "no-id"],
 )
-def test_note_response_keeps_no_body_when_none_may_be_kept(
+async def test_keep_response_keeps_nothing_when_nothing_may_be_kept(
     report: Report, body: dict[str, Any]
 ) -> None:
-    call = _noting(report, **body)
-    note_response(call)
-    assert _rt(call).responses.noted == [(TENANT, RESPONSE_ID, ALIAS, None)]
+    call = _keeping(report, **body)
+    await keep_response(call)
+    assert _rt(call).responses.kept == []
 
 
-def test_note_response_notes_once() -> None:
-    call = _noting(Report(response_id=RESPONSE_ID))
-    note_response(call)
-    note_response(call)
-    assert len(_rt(call).responses.noted) == 1
+async def test_keep_response_keeps_once() -> None:
+    call = _keeping(Report(response_id=RESPONSE_ID, final=FINAL))
+    await keep_response(call)
+    await keep_response(call)
+    assert len(_rt(call).responses.kept) == 1
 
 
-def test_note_response_without_an_id_or_a_dialect_notes_nothing() -> None:
-    without_id = _noting(Report())
-    note_response(without_id)
-    assert without_id.relayed_response is None
+async def test_keep_response_without_a_dialect_keeps_nothing() -> None:
     bare = make_call()
-    note_response(bare)
-    assert _rt(without_id).responses.noted == [] and _rt(bare).responses.noted == []
+    await keep_response(bare)
+    assert _rt(bare).responses.kept == [] and bare.relayed_response is None
 
 
-async def test_settle_notes_the_id_of_a_stream_the_caller_saw_begin() -> None:
-    call = _noting(Report(response_id=RESPONSE_ID))
+async def test_a_refused_keep_is_state_unavailable_for_an_answer_already_made() -> None:
+    call = _keeping(Report(response_id=RESPONSE_ID, final=FINAL))
+    _rt(call).responses.fail = GatewayError("state_unavailable")
+    with pytest.raises(GatewayError) as caught:
+        await keep_response(call)
+    assert (caught.value.code, caught.value.outcome) == ("state_unavailable", "incomplete")
+
+
+async def test_settle_keeps_nothing_of_a_stream_cut_short() -> None:
+    call = _keeping(Report(response_id=RESPONSE_ID))
     assert call.dialect is not None
     relay = call.relay = Relay(call.dialect, timeouts=Timeouts(1, 1, 1), response_headers=[])
     relay.state.headers_sent = True
     call.fail(GatewayError("upstream_timeout"))
     settle(call, API)
-    assert _rt(call).responses.noted == [(TENANT, RESPONSE_ID, ALIAS, None)]
-
-
-async def test_settle_does_not_note_an_id_the_caller_never_saw() -> None:
-    call = _noting(Report(response_id=RESPONSE_ID))
-    assert call.dialect is not None
-    call.relay = Relay(call.dialect, timeouts=Timeouts(1, 1, 1), response_headers=[])
-    call.fail(GatewayError("upstream_error"))
-    settle(call, API)
-    assert _rt(call).responses.noted == []
+    assert _rt(call).responses.kept == []
 
 
 def test_usage_of_call_takes_the_workers_counts() -> None:
     reported = {"prompt_tokens": 4, "completion_tokens": 6, "total_tokens": 10, "extra": 1.5}
-    call = _noting(Report(usage=reported, counts=(4, 6, 10), output_estimate=99))
+    call = _keeping(Report(usage=reported, counts=(4, 6, 10), output_estimate=99))
     assert usage_of_call(call) == Usage(4, 6, 10, "reported", reported)
 
 
 def test_usage_of_call_estimates_without_counts() -> None:
-    call = _noting(Report(output_estimate=7), prompt_bytes=0)
+    call = _keeping(Report(output_estimate=7), prompt_bytes=0)
     call.plan = chat_plan(prompt_bytes=9)
     # Prompt: 9 bytes / 4, rounded up; completion: the dialect's estimate.
     assert usage_of_call(call) == Usage(3, 7, 10, "estimated")

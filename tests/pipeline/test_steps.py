@@ -13,8 +13,11 @@ import orjson
 import pytest
 
 from gateway.admission import AdmissionGroup
-from gateway.apis.base import MediaRef, Plan
+from gateway.apis.base import MediaRef, Plan, PlanContext
 from gateway.apis.chat import ChatApi
+from gateway.apis.conversation import MAX_LINKS
+from gateway.apis.responses import ResponsesApi
+from gateway.books.protocols import KeptResponse
 from gateway.config import GatewayConfig
 from gateway.core.body import placeholder
 from gateway.core.errors import GatewayError
@@ -34,12 +37,15 @@ from tests.pipeline.support import (
     FakeUpstream,
     chat_plan,
     make_call,
+    make_tenant,
     record,
     sse_fixture,
 )
 
 API = ChatApi()
+RESPONSES = ResponsesApi()
 VALID = sse_fixture("chat_valid.sse")
+RESPONSES_VALID = sse_fixture("responses/valid.sse")
 PREFIX = "file:///srv/evidence"
 
 
@@ -253,14 +259,92 @@ async def test_a_previous_response_of_another_tenant_is_not_found(rig: _Rig) -> 
     assert worker.calls == [] and call.reservation is None
 
 
-async def test_a_previous_response_of_the_tenant_is_forwarded(rig: _Rig) -> None:
-    rig.rt.responses.owned[("acme", "resp_ours")] = ALIAS
-    worker = rig.answer(VALID)
-    plan = chat_plan()
-    plan.previous_response_id = "resp_ours"
+def _link(rid: str, text: str, previous: str | None = None) -> KeptResponse:
+    user = {
+        "id": "msg_u",
+        "type": "message",
+        "role": "user",
+        "status": "completed",
+        "content": [{"type": "input_text", "text": text}],
+    }
+    answer = {
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": "re: " + text}],
+    }
+    return KeptResponse(
+        "acme", rid, ALIAS, 0.0, 60, previous, orjson.dumps([user]), orjson.dumps([answer]), None
+    )
+
+
+def _follow_up(previous: str) -> Plan:
+    body = {"model": ALIAS, "input": "three", "previous_response_id": previous}
+    return RESPONSES.plan(body, PlanContext(make_tenant(), NONCE))
+
+
+async def _run_responses(call: Call) -> None:
+    assert call.plan is not None
+    steps.resolve(call, call.plan)
+    async with asyncio.timeout(5):
+        await steps.run(call, RESPONSES, call.plan)
+
+
+async def test_a_previous_response_is_forwarded_as_its_whole_conversation(rig: _Rig) -> None:
+    rig.rt.responses.chains[("acme", "resp_two")] = [
+        _link("resp_one", "one"),
+        _link("resp_two", "two", previous="resp_one"),
+    ]
+    worker = rig.answer(RESPONSES_VALID)
+    plan = _follow_up("resp_two")
+    alone = plan.prompt_bytes
     call, _ = rig.call(plan)
-    await _run(call)
-    assert len(worker.calls) == 1
+    await _run_responses(call)
+    sent = orjson.loads(worker.body)
+    assert "previous_response_id" not in sent and sent["store"] is False
+    texts = [item["content"] if item.get("type") is None else item for item in sent["input"]]
+    assert [t["content"][0]["text"] for t in texts[:4]] == ["one", "re: one", "two", "re: two"]
+    assert sent["input"][-1] == {"type": "message", "role": "user", "content": "three"}
+    assert plan.prompt_bytes == alone + len("onere: onetwore: two")
+    assert plan.turns == 5
+
+
+@pytest.mark.parametrize(
+    ("chain", "code", "message"),
+    [
+        ([], "response_not_found", "No such response."),
+        (
+            [_link("resp_two", "two", previous="resp_gone")],
+            "response_not_found",
+            "An earlier response of this conversation is no longer kept.",
+        ),
+    ],
+    ids=["unknown", "broken"],
+)
+async def test_a_conversation_not_kept_whole_is_not_forwarded(
+    rig: _Rig, chain: list[KeptResponse], code: str, message: str
+) -> None:
+    rig.rt.responses.chains[("acme", "resp_two")] = chain
+    worker = rig.answer(RESPONSES_VALID)
+    call, _ = rig.call(_follow_up("resp_two"))
+    with pytest.raises(GatewayError) as caught:
+        await _run_responses(call)
+    assert (caught.value.code, caught.value.param, caught.value.message) == (
+        code,
+        "previous_response_id",
+        message,
+    )
+    assert worker.calls == [] and call.reservation is None
+
+
+async def test_a_conversation_longer_than_its_bound_is_too_large(rig: _Rig) -> None:
+    links = [_link(f"resp_{i}", "x", previous=f"resp_{i - 1}") for i in range(MAX_LINKS + 1)]
+    rig.rt.responses.chains[("acme", "resp_last")] = links
+    worker = rig.answer(RESPONSES_VALID)
+    call, _ = rig.call(_follow_up("resp_last"))
+    with pytest.raises(GatewayError) as caught:
+        await _run_responses(call)
+    assert (caught.value.code, caught.value.param) == ("prompt_too_large", "previous_response_id")
+    assert worker.calls == [] and call.reservation is None
 
 
 async def test_evidence_is_leased_before_and_inline_data_staged_after_the_permit(

@@ -32,6 +32,8 @@ def test_defaults_are_the_spec_example() -> None:
         key_prefix="mrgw:",
         timeout_ms=50,
         on_error="closed",
+        lease_renew_s=5,
+        lease_ttl_s=15,
     )
 
 
@@ -74,11 +76,36 @@ def test_bad_redis_urls_are_refused(url: str, why: str) -> None:
         {"key_prefix": "a{b}"},
         {"password_env": "not a name"},
         {"pasword_env": "REDIS_PASSWORD"},  # misspelt: extra keys are errors
+        {"lease_renew_s": 0},
+        {"lease_renew_s": -1},
+        {"lease_renew_s": 61, "lease_ttl_s": 600},
+        {"lease_ttl_s": 0},
+        {"lease_ttl_s": 601},
     ],
 )
 def test_bad_sections_are_refused(bad: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
         config(**bad)
+
+
+@pytest.mark.parametrize(
+    "leases",
+    [
+        {"lease_renew_s": 15, "lease_ttl_s": 15},
+        {"lease_renew_s": 20},
+        {"lease_ttl_s": 5},
+        # a renewal may take timeout_ms: it must still land within the lease
+        {"lease_renew_s": 1, "lease_ttl_s": 3, "timeout_ms": 2000},
+    ],
+)
+def test_a_lease_must_outlast_its_renewal(leases: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError, match="less than lease_ttl_s"):
+        config(**leases)
+
+
+def test_short_leases_are_accepted() -> None:
+    section = config(lease_renew_s=1, lease_ttl_s=3, timeout_ms=1000).limits_store
+    assert (section.lease_renew_s, section.lease_ttl_s) == (1, 3)
 
 
 def test_policy_limits_reach_the_effective_limits() -> None:
@@ -113,6 +140,10 @@ async def test_the_factory_builds_the_configured_store() -> None:
     assert isinstance(redis, RedisLimitsStore)
     assert redis.keys("acme").requests == "x:{61636d65}:rpm"
     await redis.aclose(1)
+    leased = build_limits_store(config(backend="redis", lease_renew_s=2, lease_ttl_s=7), metrics)
+    assert isinstance(leased, RedisLimitsStore)
+    assert (leased._slot_lease_ms, leased._leases._interval_s) == (7000, 2)
+    await leased.aclose(1)
 
 
 def test_a_missing_password_is_a_config_error_naming_the_variable() -> None:

@@ -186,6 +186,40 @@ async def test_a_cancelled_reserve_voids_its_slot(own_redis: RedisServer) -> Non
     assert await store.aclose(5) == 0
 
 
+async def test_renewal_outlives_an_outage_and_takes_back_the_slots_still_running(
+    own_redis: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis away for longer than the lease, then back empty: the renewal task
+    keeps trying (every failure counted, one warning), and its first success
+    takes back the slots of the requests still running; a settled one stays gone."""
+    caplog.set_level(logging.INFO, "gateway.limits")
+    recorder = Recorder()
+    store = await make(own_redis, recorder, lease_ttl_s=0.6, lease_renew_s=0.1)
+    running = await store.reserve("acme", LIMITS, 10)
+    ending = await store.reserve("acme", LIMITS, 10)
+    slots = tenant_keys("mrgw:", "acme").slots
+    own_redis.stop()
+    assert await _eventually(lambda: recorder.errors.count("renew") >= 5)
+    assert "limits-leases" in [t.get_name() for t in asyncio.all_tasks()]  # still renewing
+    store.settle(ending, 10)  # one request ends during the outage
+    own_redis.start()  # the same port, an empty server: both slots are gone
+    with own_redis.client() as client:
+        assert await _eventually(lambda: client.zcard(slots) == 1)
+        [(slot, _)] = client.zrange(slots, 0, -1, withscores=True)
+    assert slot.decode() == running.slot
+    assert store.healthy
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("limits store unavailable" in m for m in said) == 1, said  # once per episode
+    assert any("during renew" in m for m in said)
+    assert any("1 expired slots of running requests taken again" in m for m in said)
+    store.settle(running, 10)
+    assert await store.flush(5)
+    assert store.leases_held == 0
+    with own_redis.client() as client:
+        assert client.zcard(slots) == 0
+    assert await store.aclose(5) == 0
+
+
 def test_the_server_helper_restarts_on_the_same_port(own_redis: RedisServer) -> None:
     port, pid = own_redis.port, own_redis.pid
     own_redis.restart()
@@ -212,6 +246,13 @@ async def test_the_probe_follows_redis_without_traffic(own_redis: RedisServer) -
 def test_the_probe_interval_must_be_positive(own_redis: RedisServer) -> None:
     with pytest.raises(ValueError, match="probe_interval_s"):
         RedisLimitsStore.from_url(own_redis.url, probe_interval_s=0)
+
+
+@pytest.mark.parametrize(("renew", "ttl"), [(0, 15), (15, 15), (20, 15), (-1, 15)])
+def test_a_slot_lease_must_outlast_its_renewal_interval(renew: float, ttl: float) -> None:
+    with pytest.raises(ValueError, match="lease_renew_s"):
+        # (refused before any connection)
+        RedisLimitsStore.from_url("redis://127.0.0.1:1/0", lease_renew_s=renew, lease_ttl_s=ttl)
 
 
 async def _eventually(predicate: Callable[[], bool], timeout_s: float = 5) -> bool:

@@ -80,7 +80,12 @@ async def expire(server: RedisServer, tenant: str, hold: Hold) -> None:
 
 async def run(server: RedisServer, ops: list[tuple[object, ...]]) -> None:
     tenant = "prop-" + uuid.uuid4().hex
-    stores = [RedisLimitsStore.from_url(server.url, timeout_s=2.0) for _ in range(3)]
+    # Renewal far slower than an example: an "expired" hold stays expired (its
+    # replica died), as no live replica's renewal brings it back.
+    stores = [
+        RedisLimitsStore.from_url(server.url, timeout_s=2.0, lease_renew_s=300, lease_ttl_s=600)
+        for _ in range(3)
+    ]
     for store in stores:
         await store.start()
     model = Model()

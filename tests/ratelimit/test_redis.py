@@ -11,7 +11,14 @@ import pytest
 from gateway.core.errors import GatewayError
 from gateway.ratelimit import Hold, RedisLimitsStore, TenantLimits, tenant_keys
 from gateway.ratelimit.core import seconds_until_midnight
-from tests.ratelimit.conftest import StoreFactory, away_from_midnight, gather_bounded, settled
+from tests.ratelimit.conftest import (
+    Recorder,
+    StoreFactory,
+    away_from_midnight,
+    gather_bounded,
+    settled,
+)
+from tests.support.poll import eventually_async
 from tests.support.redis import RedisServer
 
 
@@ -135,38 +142,150 @@ async def test_a_restarted_gateway_sees_the_remaining_budget(
     assert 200 <= int(ok.headers()["x-ratelimit-remaining-tokens"]) < 220
 
 
+async def _first_admitted(
+    store: RedisLimitsStore, limits: TenantLimits, tokens: int, timeout_s: float
+) -> Hold | None:
+    """Reserve again and again (a caller retrying) until admitted; None past ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            return await store.reserve("acme", limits, tokens)
+        except GatewayError as exc:
+            assert exc.code == "concurrency_limited"
+            await asyncio.sleep(0.02)  # the caller's pause between attempts
+    return None
+
+
 async def test_a_killed_replicas_slot_expires_but_its_tokens_stay_charged(
     redis_stores: StoreFactory, shared_redis: RedisServer
 ) -> None:
     limits = TenantLimits(tokens_per_minute=1000, max_concurrent_requests=1)
-    doomed = await redis_stores(lease_s=0.5)
+    # lease_s (its holds) far longer than the slot's lease: only renewal keeps a slot
+    ttl, renew = 0.6, 0.1
+    doomed = await redis_stores(lease_s=600, lease_ttl_s=ttl, lease_renew_s=renew)
     taken_at = time.monotonic()
     hold = await doomed.reserve("acme", limits, 600)
-    assert hold.slot is not None
-    del hold  # SIGKILL: never settled; the instance is simply dropped
+    assert hold.slot is not None and doomed.leases_held == 1
     survivor = await redis_stores()
-    with pytest.raises(GatewayError) as info:
-        await survivor.reserve("acme", limits, 100)
-    assert info.value.code == "concurrency_limited"
-    started = time.monotonic()
-    deadline = started + 5
-    admitted: Hold | None = None
-    while admitted is None and time.monotonic() < deadline:
-        try:
-            admitted = await survivor.reserve("acme", limits, 100)
-        except GatewayError as exc:
-            assert exc.code == "concurrency_limited"
-            await asyncio.sleep(0.02)
+    # alive, it keeps its slot past the lease by renewing it
+    held_until = time.monotonic() + 3 * ttl
+    while time.monotonic() < held_until:
+        with pytest.raises(GatewayError) as info:
+            await survivor.reserve("acme", limits, 100)
+        assert info.value.code == "concurrency_limited"
+        await asyncio.sleep(0.05)
+    # SIGKILL: never settled, and nothing renews its slot any more
+    await doomed.aclose(1)
+    died_at = time.monotonic()
+    admitted = await _first_admitted(survivor, limits, 100, timeout_s=ttl + 5)
     assert admitted is not None, "the dead replica's slot never expired"
-    waited = time.monotonic() - started
-    assert time.monotonic() - taken_at > 0.45  # not before its lease ended
-    # 400 left + refill while waiting (1000/min) - 100: nothing of the 600 came back
+    freed_after = time.monotonic() - died_at
+    since_taken = time.monotonic() - taken_at
+    # its last renewal was at most one interval before it died (Redis' clock vs ours)
+    assert ttl - 2 * renew <= freed_after <= ttl + 1
+    # 400 left + refill since (1000/min) - 100: nothing of the 600 came back
     remaining = int(admitted.headers()["x-ratelimit-remaining-tokens"])
-    assert remaining <= 400 + waited * 1000 / 60 + 2 - 100
+    assert remaining <= 400 + since_taken * 1000 / 60 + 2 - 100
     with shared_redis.client() as client:
         keys = tenant_keys("mrgw:", "acme")
         assert client.zcard(keys.slots) == 1  # the survivor's only
-        assert client.zcard(keys.holds) == 1
+        # the dead hold's entry is pruned only after its own lease (lease_s);
+        # its tokens stay charged either way
+        assert client.zcard(keys.holds) == 2
+
+
+def _renewals(recorder: Recorder) -> int:
+    return sum(1 for op, _ in recorder.calls if op == "renew")
+
+
+async def test_one_renewal_call_per_interval_renews_every_slot_held(
+    redis_stores: StoreFactory, shared_redis: RedisServer
+) -> None:
+    recorder = Recorder()
+    ttl, renew = 1.0, 0.1
+    store = await redis_stores(lease_ttl_s=ttl, lease_renew_s=renew, metrics=recorder)
+    limits = TenantLimits(max_concurrent_requests=5)
+    tenants = ("a", "b", "c")
+    holds = [await store.reserve(t, limits, 1) for t in tenants for _ in range(3)]
+    assert store.leases_held == 9
+    started = time.monotonic()
+    await eventually_async(lambda: _renewals(recorder) >= 5, "five renewals")
+    window = time.monotonic() - started
+    # one pipelined call an interval for all nine slots of three tenants, not one per slot
+    assert _renewals(recorder) <= window / renew + 1
+    with shared_redis.client() as client:
+        seconds, micros = client.time()
+        now_ms = seconds * 1000 + micros // 1000
+        for tenant in tenants:
+            scores = client.zrange(tenant_keys("mrgw:", tenant).slots, 0, -1, withscores=True)
+            assert len(scores) == 3
+            # each renewed within the last intervals (load may delay one)
+            assert all(
+                ttl * 1000 - 5 * renew * 1000 < ms - now_ms <= ttl * 1000 for _, ms in scores
+            )
+    for hold in holds:
+        store.settle(hold, 1)
+    assert store.leases_held == 0
+    assert await store.flush(5)
+    sent = _renewals(recorder)
+    await asyncio.sleep(3 * renew)  # (the absence of calls: nothing is held)
+    assert _renewals(recorder) == sent
+    assert recorder.errors == []
+    with shared_redis.client() as client:
+        assert all(client.zcard(tenant_keys("mrgw:", t).slots) == 0 for t in tenants)
+
+
+async def test_a_renewal_in_flight_never_revives_the_slot_settled_meanwhile(
+    redis_stores: StoreFactory, shared_redis: RedisServer
+) -> None:
+    """The renewal named the slot, then the request ended: the settlement is
+    applied after the renewal (under the same lock), so the slot does not come
+    back for a lease."""
+    store = await redis_stores(lease_ttl_s=50, lease_renew_s=40)  # renewed by hand only
+    slots = tenant_keys("mrgw:", "acme").slots
+    hold = await store.reserve("acme", TenantLimits(max_concurrent_requests=1), 1)
+    sending, send = asyncio.Event(), store._evalsha_all
+
+    async def slow_send(sha: str, calls: list[tuple[object, ...]]) -> list[object]:
+        if sha == store._renew.sha:
+            sending.set()
+            await asyncio.sleep(0.3)  # the renewal on its way, slowly
+        return await send(sha, calls)
+
+    store._evalsha_all = slow_send  # type: ignore[method-assign]
+    renewal = asyncio.create_task(store._leases.renew_now())
+    await asyncio.wait_for(sending.wait(), 5)
+    store.settle(hold, 1)  # the request ends while its renewal travels
+    assert await store.flush(5)
+    assert await renewal
+    with shared_redis.client() as client:
+        assert client.zcard(slots) == 0
+
+
+async def test_renewals_under_churn_leak_no_slot(
+    redis_stores: StoreFactory, shared_redis: RedisServer
+) -> None:
+    """Renewals every 5 ms while 30 callers reserve and settle on three replicas."""
+    stores = [await redis_stores(lease_ttl_s=5, lease_renew_s=0.005) for _ in range(3)]
+    limits = TenantLimits(max_concurrent_requests=5)
+
+    async def worker(store: RedisLimitsStore) -> None:
+        for _ in range(20):
+            try:
+                hold = await store.reserve("acme", limits, 1)
+            except GatewayError as exc:
+                assert exc.code == "concurrency_limited"
+                await asyncio.sleep(0.001)
+                continue
+            await asyncio.sleep(0.003)
+            store.settle(hold, 1)
+
+    await gather_bounded([worker(stores[i % 3]) for i in range(30)], timeout_s=60)
+    for store in stores:
+        assert store.leases_held == 0
+        assert await store.flush(5)
+    with shared_redis.client() as client:
+        assert client.zcard(tenant_keys("mrgw:", "acme").slots) == 0
 
 
 TRICKY_TENANTS = [
@@ -198,18 +317,20 @@ TRICKY_TENANTS = [
 ]
 
 
-async def test_a_slot_lasts_its_admission_wait_longer(
+async def test_a_hold_lasts_its_admission_wait_longer_and_a_slot_its_lease_ttl(
     redis_stores: StoreFactory, shared_redis: RedisServer
 ) -> None:
-    store = await redis_stores(lease_s=30)
-    await store.reserve("acme", TenantLimits(max_concurrent_requests=1), 1, wait_s=20)
+    store = await redis_stores(lease_s=30, lease_ttl_s=15)
+    limits = TenantLimits(tokens_per_minute=1000, max_concurrent_requests=1)
+    await store.reserve("acme", limits, 1, wait_s=20)
+    keys = tenant_keys("mrgw:", "acme")
     with shared_redis.client() as client:
-        [(_, expires_ms)] = client.zrange(
-            tenant_keys("mrgw:", "acme").slots, 0, -1, withscores=True
-        )
+        [(_, hold_ms)] = client.zrange(keys.holds, 0, -1, withscores=True)
+        [(_, slot_ms)] = client.zrange(keys.slots, 0, -1, withscores=True)
         seconds, micros = client.time()
         server_ms = seconds * 1000 + micros // 1000
-    assert 49_000 < expires_ms - server_ms <= 50_000  # lease 30 s + wait 20 s
+    assert 49_000 < hold_ms - server_ms <= 50_000  # lease 30 s + wait 20 s
+    assert 14_000 < slot_ms - server_ms <= 15_000  # renewed from now on, not the wait
 
 
 async def test_the_probe_needs_writes_not_just_an_answer(
@@ -378,7 +499,7 @@ async def test_a_void_that_overtakes_its_lost_reservation_leaves_nothing_taken(
         assert client.zcard(keys.void) == 1
         assert 60_000 < client.pttl(keys.void) <= 90_000  # a TTL, like every key
     # the lost reservation arrives now: rpm 5, tpm 1000 (100), 1 slot, registered
-    args = (5, 1000, 100, 0, 0, 1, "lost-1", 30_000, 1)
+    args = (5, 1000, 100, 0, 0, 1, "lost-1", 30_000, 1, 15_000)
     raw = await store._reserve(keys=keys.reserve, args=args)
     assert int(raw[0]) == 16  # voided: nothing taken
     with shared_redis.client() as client:

@@ -9,7 +9,10 @@ for a tenant's state. Every wait is bounded; nothing sleeps for readiness.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,7 @@ from gateway.apis.usage import estimate_prompt_tokens
 from gateway.ratelimit import tenant_keys
 from gateway.testing.harness import default_policy, read_receipts, write_config
 from gateway.testing.simulator import SimRequest, Simulator
+from tests.support.poll import eventually_async
 from tests.support.process import Served
 from tests.support.redis import RedisServer
 from tests.support.stack import issuers
@@ -32,8 +36,13 @@ HANG = "[[sim first_delay_ms=120000 keepalive_ms=0]]"
 
 #: local admission never the bottleneck: these tests are about the shared limits
 CAPACITY = 64
-#: the tenants' admission.queue_timeout_s: a slot's lease covers it (spec §15 + the wait)
+#: the tenants' admission.queue_timeout_s: a hold's lease covers it (spec §15 + the wait)
 QUEUE_TIMEOUT_S = 5
+#: slot leases short enough to watch one end (spec §15); with the fleet's
+#: timeout_ms of 1000 a renewal still lands within the lease
+LEASE_RENEW_S = 1
+LEASE_TTL_S = 3
+FAST_LEASES = {"lease_renew_s": LEASE_RENEW_S, "lease_ttl_s": LEASE_TTL_S}
 #: how long a replica test polls for a state (processes and Redis round trips: generous)
 REPLICA_WAIT_S = 15
 
@@ -116,6 +125,42 @@ def code(response: httpx.Response) -> str:
     if response.status_code == 200:
         return "ok"
     return str(response.json()["error"]["code"])
+
+
+def _decided(task: asyncio.Task[httpx.Response], sim: Simulator, marker: str) -> bool:
+    """Refused (answered), or admitted (at the worker)."""
+    return task.done() or bool(marked(sim, marker))
+
+
+async def hold_streams(
+    client: httpx.AsyncClient, sim: Simulator, tag: str, count: int, timeout_s: float
+) -> tuple[list[asyncio.Task[httpx.Response]], int]:
+    """Open hanging streams one at a time, a caller retrying each refusal
+    (``concurrency_limited``), until ``count`` of them are at the worker; the
+    streams (the caller must cancel them) and the refusals met on the way."""
+    held: list[asyncio.Task[httpx.Response]] = []
+    refused = attempt = 0
+    deadline = time.monotonic() + timeout_s
+    while len(held) < count:
+        if time.monotonic() > deadline:
+            for task in held:
+                task.cancel()
+            raise AssertionError(f"{len(held)} of {count} streams admitted in {timeout_s} s")
+        marker = f"<{tag}{attempt}>"
+        attempt += 1
+        task = asyncio.create_task(chat(client, f"{marker} {HANG}", stream=True))
+        await eventually_async(
+            functools.partial(_decided, task, sim, marker),
+            f"{marker} admitted or refused",
+            timeout_s=REPLICA_WAIT_S,
+        )
+        if not task.done():
+            held.append(task)
+            continue
+        assert code(task.result()) == "concurrency_limited"
+        refused += 1
+        await asyncio.sleep(0.05)  # the caller's pause before it tries again
+    return held, refused
 
 
 def marked(sim: Simulator, marker: str) -> list[SimRequest]:

@@ -513,3 +513,15 @@ def test_one_tenant_per_cached_route_is_not_warned(
     )
     (warning,) = _prefix_warnings(config, capsys)
     assert warning.startswith("warning: upstream.launch.prefix_cache_n: is 16 and route ")
+
+
+def test_a_postgres_state_needs_its_dsn_env_and_never_shows_it(tmp_path: Path) -> None:
+    config = _config(tmp_path, state={"backend": "postgres", "dsn_env": "STATE_DSN"})
+    missing = _findings(config)
+    assert [(f.key, f.level) for f in missing] == [("state.dsn_env", "error")]
+    assert "STATE_DSN" in missing[0].problem
+    secret = "postgresql://gateway:hunter2-secret@db.internal:5432/gateway"
+    assert _findings(config, {**ENV, "STATE_DSN": secret}) == []
+    wrong = "mysql://gateway:hunter2-secret@db.internal/gateway"
+    (finding,) = _findings(config, {**ENV, "STATE_DSN": wrong})
+    assert "hunter2" not in str(finding) and "db.internal" not in str(finding)

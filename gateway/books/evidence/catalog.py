@@ -27,8 +27,8 @@ Theory of operation:
   so concurrent uploads cannot pass them together. Records older than their
   tenant's ``ttl_s`` are invisible to every lookup (``not_before``) before the
   expiry sweep forgets them.
-- SQLite and disk errors become ``GatewayError("storage_error")``; a full
-  volume is :class:`StorageFull` (a ``storage_error`` too), so a delete can
+- SQLite and disk errors become ``GatewayError("state_unavailable")`` (spec
+  §17: never a 500); a full volume is :class:`StorageFull` (one of them), so a delete can
   make room and retry (``EvidenceService.delete``).
 """
 
@@ -70,6 +70,7 @@ CREATE TABLE IF NOT EXISTS leases (
     sha256 TEXT NOT NULL,
     ext TEXT NOT NULL,
     taken_at INTEGER NOT NULL,
+    expires REAL,
     PRIMARY KEY (request_id, evidence_id)
 );
 CREATE INDEX IF NOT EXISTS leases_sha256 ON leases (sha256);
@@ -103,16 +104,17 @@ _LIVE = "tenant = ? AND created >= ?"
 
 
 class StorageFull(GatewayError):
-    """The catalog's volume is full (SQLite could not grow its journal or file)."""
+    """The catalog's volume is full (SQLite could not grow its journal or file):
+    ``state_unavailable`` (spec §17), never a 500."""
 
     def __init__(self) -> None:
-        super().__init__("storage_error", "The evidence volume is full.")
+        super().__init__("state_unavailable", "The state volume is full.")
 
 
 def _translate(exc: sqlite3.Error) -> GatewayError:
     if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
         return StorageFull()
-    return GatewayError("storage_error")
+    return GatewayError("state_unavailable")
 
 
 def _usage(conn: sqlite3.Connection, tenant: str, not_before: int) -> tuple[int, int]:
@@ -206,7 +208,7 @@ class Catalog:
                 path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
             )
         except (OSError, sqlite3.Error) as exc:
-            raise GatewayError("storage_error") from exc
+            raise GatewayError("state_unavailable") from exc
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
@@ -215,9 +217,12 @@ class Catalog:
             if "upstream_id" not in columns:
                 # A catalog from before gateway ids (spec §21): its ids are the worker's.
                 conn.execute("ALTER TABLE responses ADD COLUMN upstream_id TEXT")
+            if "expires" not in {row[1] for row in conn.execute("PRAGMA table_info(leases)")}:
+                # A catalog from before lease expiry (spec §17): NULL never expires.
+                conn.execute("ALTER TABLE leases ADD COLUMN expires REAL")
         except sqlite3.Error as exc:
             conn.close()
-            raise GatewayError("storage_error") from exc
+            raise GatewayError("state_unavailable") from exc
         self._conn: sqlite3.Connection | None = conn
 
     def close(self) -> None:
@@ -236,7 +241,7 @@ class Catalog:
     def _read(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
             if self._conn is None:
-                raise GatewayError("storage_error", "The evidence catalog is closed.")
+                raise GatewayError("state_unavailable", "The evidence catalog is closed.")
             try:
                 yield self._conn
             except sqlite3.Error as exc:
@@ -373,18 +378,25 @@ class Catalog:
         return _record(rows[0]) if rows else None
 
     def take_leases(
-        self, request_id: str, records: Sequence[EvidenceRecord], not_before: int = 0
+        self,
+        request_id: str,
+        records: Sequence[EvidenceRecord],
+        not_before: int = 0,
+        ttl_s: float | None = None,
     ) -> None:
-        """Lease every record for ``request_id``, or none (404 if any is gone)."""
-        now = int(self._clock())
+        """Lease every record for ``request_id`` (until ``ttl_s`` from now, or
+        for good), or none (404 if any is gone)."""
+        now = self._clock()
+        expires = None if ttl_s is None else now + ttl_s
         with self._write() as conn:
             for record in records:
                 # INSERT ... SELECT: the lease exists only if the record still does.
                 cursor = conn.execute(
-                    "INSERT OR IGNORE INTO leases (request_id, evidence_id, sha256, ext, taken_at) "
-                    "SELECT ?, id, sha256, ext, ? FROM records "
+                    "INSERT OR IGNORE INTO leases "
+                    "(request_id, evidence_id, sha256, ext, taken_at, expires) "
+                    "SELECT ?, id, sha256, ext, ?, ? FROM records "
                     "WHERE id = ? AND tenant = ? AND created >= ?",
-                    (request_id, now, record.id, record.tenant, not_before),
+                    (request_id, int(now), expires, record.id, record.tenant, not_before),
                 )
                 if cursor.rowcount == 0 and not _leased(conn, request_id, record.id):
                     raise GatewayError("evidence_not_found")
@@ -398,13 +410,25 @@ class Catalog:
         return sorted({(row[0], row[1]) for row in rows})
 
     def is_referenced(self, sha256: str) -> bool:
+        """Whether a record or an unexpired lease names the digest."""
         with self._read() as conn:
             row = conn.execute(
                 "SELECT EXISTS (SELECT 1 FROM records WHERE sha256 = ?) "
-                "OR EXISTS (SELECT 1 FROM leases WHERE sha256 = ?)",
-                (sha256, sha256),
+                "OR EXISTS (SELECT 1 FROM leases WHERE sha256 = ? "
+                "AND (expires IS NULL OR expires > ?))",
+                (sha256, sha256, self._clock()),
             ).fetchone()
         return bool(row[0])
+
+    def sweep_leases(self) -> list[tuple[str, str]]:
+        """Drop expired leases; the distinct (sha256, ext) they held."""
+        with self._write() as conn:
+            rows = conn.execute(
+                "DELETE FROM leases WHERE expires IS NOT NULL AND expires <= ? "
+                "RETURNING sha256, ext",
+                (self._clock(),),
+            ).fetchall()
+        return sorted({(row[0], row[1]) for row in rows})
 
     def active_leases(self) -> int:
         with self._read() as conn:

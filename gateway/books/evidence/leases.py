@@ -5,11 +5,10 @@ Theory of operation:
 - Named evidence is leased before admission (catalog only, no file read);
   inline ``data:`` parts are staged after the permit and leased the same way,
   so an expiry sweep cannot take their files while the request runs.
-- The catalog is SQLite (blocking), so each step runs in a worker thread.
-  The thread is shielded from the request's cancellation: a disconnect or a
-  drain must not leave a lease or a staged file that nobody gives back.
-  :meth:`RequestMedia.settle` waits for every such thread; :meth:`close`
-  then gives the leases back and forgets the inline records.
+- Each step runs as its own task, shielded from the request's cancellation:
+  a disconnect or a drain must not leave a lease or a staged file that
+  nobody gives back. :meth:`RequestMedia.settle` waits for every such task;
+  :meth:`close` then gives the leases back and forgets the inline records.
 - Callers choose ``x-request-id`` (and may repeat it): the lease key is the
   gateway's own, made only when the request has media (most have none).
 """
@@ -19,10 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
-
-import anyio.to_thread
 
 from gateway.books.evidence.catalog import EvidenceRecord
 from gateway.books.evidence.service import EvidenceService
@@ -43,7 +40,7 @@ class RequestMedia:
         self._leased = False
         #: evidence staged from this request's inline data: forgotten when it ends
         self.staged: list[str] = []
-        self._threads: list[asyncio.Future[Any]] = []
+        self._tasks: list[asyncio.Task[Any]] = []
 
     @property
     def key(self) -> str:
@@ -55,12 +52,12 @@ class RequestMedia:
         """Lease every named record for this request, or none (404/400 as the service says)."""
         key, tenant, evidence = self.key, self._tenant, self._evidence
 
-        def lease() -> list[EvidenceRecord]:
-            taken = evidence.lease(key, tenant, evidence_ids)
+        async def lease() -> list[EvidenceRecord]:
+            taken = await evidence.lease(key, tenant, evidence_ids)
             self._leased = True
             return taken
 
-        return await self._in_thread(lease)
+        return await self._shielded(lease())
 
     async def stage(self, parts: Sequence[Inline], records: dict[int, EvidenceRecord]) -> None:
         """Decode, check and stage the inline parts (after the permit) into
@@ -68,39 +65,35 @@ class RequestMedia:
         cancelled meanwhile still names what it staged in its receipt."""
         key, tenant, evidence = self.key, self._tenant, self._evidence
 
-        def stage() -> None:
+        async def stage() -> None:
             for slot, mime, payload, kind in parts:
-                record = evidence.upload_inline(tenant, payload, mime, kind)
+                record = await evidence.upload_inline(tenant, payload, mime, kind)
                 self.staged.append(record.id)
                 records[slot] = record
-            evidence.lease(key, tenant, self.staged)
+            await evidence.lease(key, tenant, self.staged)
             self._leased = True
 
-        await self._in_thread(stage)
+        await self._shielded(stage())
 
     async def settle(self) -> None:
-        """Wait for a thread still taking leases or staging (even after a cancel)."""
-        pending = [t for t in self._threads if not t.done()]
+        """Wait for a task still taking leases or staging (even after a cancel)."""
+        pending = [t for t in self._tasks if not t.done()]
         if pending:
             await asyncio.wait(pending)
 
     async def close(self) -> None:
-        """Give the leases back and forget the inline records (in a thread)."""
-        if self._leased or self.staged:
-            await anyio.to_thread.run_sync(self._close)
-
-    def _close(self) -> None:
+        """Give the leases back and forget the inline records."""
         evidence = self._evidence
         if self._leased:
-            evidence.release(self._key)
+            await evidence.release(self._key)
         for evidence_id in self.staged:
             # Inline data was staged only for this request; its file goes with the record.
             with contextlib.suppress(GatewayError):
-                evidence.delete(self._tenant, evidence_id)
+                await evidence.delete(self._tenant, evidence_id)
 
-    async def _in_thread(self, work: Callable[[], T]) -> T:
-        future = asyncio.get_running_loop().run_in_executor(None, work)
-        self._threads.append(future)
-        # Shielded: a cancel (disconnect, drain) must not leave the thread's
+    async def _shielded(self, work: Coroutine[Any, Any, T]) -> T:
+        task = asyncio.ensure_future(work)
+        self._tasks.append(task)
+        # Shielded: a cancel (disconnect, drain) must not leave the task's
         # leases and staged files unowned; settle() waits for it.
-        return await asyncio.shield(future)
+        return await asyncio.shield(task)

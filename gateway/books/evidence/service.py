@@ -25,7 +25,13 @@ Theory of operation:
 - A failure to remove a file that nothing references is logged, not raised:
   the caller's operation already took effect, and ``recover`` sweeps the file.
 
-Synchronous and thread-safe; the app calls it through ``anyio.to_thread``.
+- The catalog is any :class:`~gateway.books.protocols.EvidenceCatalog`:
+  SQLite for one replica, PostgreSQL shared by a fleet (spec §17). Leases
+  expire ``lease_ttl_s`` after they are taken (``upstream.total_timeout_s`` +
+  10 s), so a crashed replica's leases free their files by themselves; any
+  replica's :meth:`EvidenceService.sweep` then removes what nothing holds.
+- File work (hashing, renames, reads) runs in worker threads; the service
+  itself is async.
 """
 
 from __future__ import annotations
@@ -36,15 +42,16 @@ import contextlib
 import hashlib
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from gateway.books.evidence.catalog import Catalog, EvidenceRecord, StorageFull
-from gateway.books.evidence.sniff import match_content_type
+import anyio.to_thread
+
+from gateway.books.evidence.catalog import EvidenceRecord, StorageFull
+from gateway.books.evidence.sniff import MediaType, match_content_type
 from gateway.books.evidence.store import EvidenceStore, TempUpload
-from gateway.config import StagingConfig
+from gateway.books.protocols import EvidenceCatalog
 from gateway.config.policy import Tenant
 from gateway.core.errors import GatewayError
 
@@ -52,6 +59,9 @@ MAX_LOCATOR_CHARS = 1024
 #: room kept next to the catalog so a delete can journal on a full volume
 RESERVE_BYTES = 1 << 20
 RESERVE_SUFFIX = ".reserve"
+
+#: a temp file on a shared volume untouched this long is a crashed writer's
+_SHARED_TEMP_AGE_S = 3600.0
 
 logger = logging.getLogger(__name__)
 
@@ -75,76 +85,80 @@ class EvidenceService:
     def __init__(
         self,
         store: EvidenceStore,
-        catalog: Catalog,
+        catalog: EvidenceCatalog,
         on_leases_change: Callable[[int], None] | None = None,
         *,
         reserve: Path | None = None,
+        lease_ttl_s: float = 610.0,
+        shared: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
         self._catalog = catalog
         self._reserve = reserve
+        self._lease_ttl_s = lease_ttl_s
+        #: other replicas share the catalog and the volume (their temps and leases are theirs)
+        self._shared = shared
         self._clock = clock
-        # Only the serving process takes leases (recover() clears a crashed
-        # run's), so they are counted here instead of asking SQLite each time:
-        # request id -> leased records (distinct ids, as the catalog keeps them).
+        # This replica's leases, counted here instead of asking the catalog each
+        # time: request id -> leased records (distinct ids, as the catalog keeps them).
         self._held: dict[str, int] = {}
-        self._held_lock = threading.Lock()
         self._on_leases_change = on_leases_change
         #: records staged from a request's inline data (forgotten when it ends):
         #: never what an upload of the same bytes is answered with
         self._inline: set[str] = set()
-
-    @classmethod
-    def from_config(
-        cls, staging: StagingConfig, on_leases_change: Callable[[int], None] | None = None
-    ) -> EvidenceService:
-        store = EvidenceStore(Path(staging.dir))
-        catalog_path = Path(staging.catalog)
-        reserve = catalog_path.with_name(catalog_path.name + RESERVE_SUFFIX)
-        return cls(store, Catalog(catalog_path), on_leases_change, reserve=reserve)
 
     @property
     def store(self) -> EvidenceStore:
         return self._store
 
     @property
-    def catalog(self) -> Catalog:
+    def catalog(self) -> EvidenceCatalog:
         return self._catalog
 
-    def close(self) -> None:
-        self._catalog.close()
+    async def close(self) -> None:
+        await self._catalog.close()
 
-    def recover(self) -> None:
+    async def recover(self) -> None:
         """Server start: drop a crashed run's temps and leases, and files nothing
         names; make the catalog's reserve."""
-        self.keep_reserve()
-        with self._store.exclusive():
-            self._store.sweep_temp()
-            self._catalog.clear_stale_leases()
-            for sha256, ext in self._store.files():
-                if not self._catalog.is_referenced(sha256):
-                    self._store.remove(sha256, ext)
+        await anyio.to_thread.run_sync(self.keep_reserve)
+        async with self._store.locked():
+            # A shared volume: another replica's upload may be writing its temp now.
+            await anyio.to_thread.run_sync(
+                self._store.sweep_temp, _SHARED_TEMP_AGE_S if self._shared else 0.0
+            )
+            await self._catalog.recover_leases()
+            for sha256, ext in await anyio.to_thread.run_sync(self._store.files):
+                if not await self._catalog.is_referenced(sha256):
+                    await anyio.to_thread.run_sync(self._store.remove, sha256, ext)
+
+    async def sweep(self) -> int:
+        """Drop expired leases (a crashed replica's) and the files only they
+        held; how many leases."""
+        released = await self._catalog.sweep_leases()
+        for sha256, ext in released:
+            await self._drop_file_if_unreferenced(sha256, ext)
+        return len(released)
 
     def begin_upload(self) -> TempUpload:
         """Where an upload's bytes go while they arrive (``commit_upload`` or discard)."""
         return self._store.begin_upload()
 
-    def commit_upload(
+    async def commit_upload(
         self,
         tenant: Tenant,
         upload: TempUpload,
         content_type: str | None,
         locator: str | None,
         *,
-        dedupe: bool = True,
-        quota: bool = True,
+        inline: bool = False,
     ) -> tuple[EvidenceRecord, bool]:
         """Check and store a finished upload; (record, True) when the tenant had
         these bytes under this locator already (nothing new is stored).
 
-        The temp file is consumed either way. ``dedupe`` and ``quota`` are off
-        only for a request's own inline data, forgotten when the request ends."""
+        The temp file is consumed either way. ``inline`` (a request's own
+        inline data, forgotten when it ends) skips dedup and the quota."""
         try:
             locator_sha256 = locator_digest(locator)
             if upload.size > tenant.limits.max_media_bytes:
@@ -156,53 +170,68 @@ class EvidenceService:
                 raise GatewayError(
                     "modality_not_allowed", f"The {media.modality} modality is not allowed."
                 )
-            policy = tenant.policy.evidence
-            not_before = self._not_before(tenant)
-            with self._store.exclusive():
-                if dedupe:
-                    with self._held_lock:
-                        inline = frozenset(self._inline)
-                    same = self._catalog.find_same(
-                        tenant.name, upload.sha256, locator_sha256, not_before, exclude=inline
-                    )
-                    if same is not None:
-                        return same, True
-                limits = (policy.max_records, policy.max_bytes) if quota else None
-                if limits is not None:
-                    # Checked before the file is kept, and again with the insert.
-                    count, used = self._catalog.usage(tenant.name, not_before)
-                    if count + 1 > limits[0] or used + upload.size > limits[1]:
-                        raise GatewayError("evidence_quota_exceeded")
-                stored = self._store.adopt(upload, media)
-                try:
-                    record = self._catalog.add(
-                        tenant=tenant.name,
-                        sha256=stored.sha256,
-                        media_type=media.mime,
-                        ext=stored.ext,
-                        size=stored.bytes,
-                        locator_sha256=locator_sha256,
-                        quota=limits,
-                        not_before=not_before,
-                    )
-                except GatewayError:
-                    self._drop_file_if_unreferenced(stored.sha256, stored.ext)
-                    raise
-            self.keep_reserve()
-            return record, False
+            async with self._store.locked():
+                return await self._commit_locked(tenant, upload, media, locator_sha256, inline)
         finally:
             upload.discard()
 
-    def upload(
+    async def _commit_locked(
+        self,
+        tenant: Tenant,
+        upload: TempUpload,
+        media: MediaType,
+        locator_sha256: str | None,
+        inline: bool,
+    ) -> tuple[EvidenceRecord, bool]:
+        policy = tenant.policy.evidence
+        not_before = self._not_before(tenant)
+        limits = None
+        if not inline:
+            same = await self._catalog.find_same(
+                tenant.name,
+                upload.sha256,
+                locator_sha256,
+                not_before,
+                exclude=frozenset(self._inline),
+            )
+            if same is not None:
+                return same, True
+            limits = (policy.max_records, policy.max_bytes)
+            # Checked before the file is kept, and again with the insert.
+            count, used = await self._catalog.usage(tenant.name, not_before)
+            if count + 1 > limits[0] or used + upload.size > limits[1]:
+                raise GatewayError("evidence_quota_exceeded")
+        stored = await anyio.to_thread.run_sync(self._store.adopt, upload, media)
+        try:
+            record = await self._catalog.add(
+                tenant=tenant.name,
+                sha256=stored.sha256,
+                media_type=media.mime,
+                ext=stored.ext,
+                size=stored.bytes,
+                locator_sha256=locator_sha256,
+                quota=limits,
+                not_before=not_before,
+            )
+        except GatewayError:
+            await self._remove_if_unreferenced(stored.sha256, stored.ext)
+            raise
+        if inline:
+            # Marked under the lock: no upload deduplicates onto it before.
+            self._inline.add(record.id)
+        await anyio.to_thread.run_sync(self.keep_reserve)
+        return record, False
+
+    async def upload(
         self, tenant: Tenant, data: bytes, content_type: str | None, locator: str | None
     ) -> EvidenceRecord:
         """Stage bytes already in hand (``evidence add``) the way an HTTP upload is."""
         if len(data) > tenant.limits.max_media_bytes:
             raise GatewayError("body_too_large", "The media file exceeds the tenant's size limit.")
-        upload = self._store.stage(data)
-        return self.commit_upload(tenant, upload, content_type, locator)[0]
+        upload = await anyio.to_thread.run_sync(self._store.stage, data)
+        return (await self.commit_upload(tenant, upload, content_type, locator))[0]
 
-    def upload_inline(
+    async def upload_inline(
         self, tenant: Tenant, payload: str, declared: str | None, kind: str
     ) -> EvidenceRecord:
         """Stage a request's inline ``data:`` URL (base64 ``payload``) for that
@@ -216,64 +245,58 @@ class EvidenceService:
             raise GatewayError(
                 "modality_not_allowed", f"A {kind} part refers to {media.modality} data."
             )
-        upload = self._store.stage(data)
+        upload = await anyio.to_thread.run_sync(self._store.stage, data)
         # Its own record: never the tenant's (which the request's end would delete),
         # and never an upload's answer either (the request's end deletes it).
-        with self._store.exclusive():  # no upload deduplicates before it is marked
-            record, _ = self.commit_upload(
-                tenant, upload, declared, None, dedupe=False, quota=False
-            )
-            with self._held_lock:
-                self._inline.add(record.id)
+        record, _ = await self.commit_upload(tenant, upload, declared, None, inline=True)
         return record
 
-    def get(self, tenant: Tenant, evidence_id: str) -> EvidenceRecord:
-        record = self._catalog.get(tenant.name, evidence_id, self._not_before(tenant))
+    async def get(self, tenant: Tenant, evidence_id: str) -> EvidenceRecord:
+        record = await self._catalog.get(tenant.name, evidence_id, self._not_before(tenant))
         if record is None:
             raise GatewayError("evidence_not_found")
         return record
 
-    def usage(self, tenant: Tenant) -> tuple[int, int]:
+    async def usage(self, tenant: Tenant) -> tuple[int, int]:
         """(records, bytes) of the tenant's live records."""
-        return self._catalog.usage(tenant.name, self._not_before(tenant))
+        return await self._catalog.usage(tenant.name, self._not_before(tenant))
 
-    def page(
+    async def page(
         self, tenant: Tenant, limit: int, after: str | None
     ) -> tuple[list[EvidenceRecord], bool]:
-        return self._catalog.page(tenant.name, limit, after, self._not_before(tenant))
+        return await self._catalog.page(tenant.name, limit, after, self._not_before(tenant))
 
-    def delete(self, tenant: Tenant, evidence_id: str) -> EvidenceRecord:
-        """Forget a record at once; its file goes once nothing else holds it.
+    async def delete(self, tenant: Tenant, evidence_id: str) -> EvidenceRecord:
+        """Forget a record at once (through every replica); its file goes once
+        nothing else holds it.
 
         Works on a full volume: SQLite needs room to journal even a delete, so
         when it finds none the catalog's reserve file (:meth:`keep_reserve`) is
         given up for it and made again later."""
         try:
-            record = self._catalog.delete(tenant.name, evidence_id)
+            record = await self._catalog.delete(tenant.name, evidence_id)
         except StorageFull:
             self._release_reserve()
-            record = self._catalog.delete(tenant.name, evidence_id)
+            record = await self._catalog.delete(tenant.name, evidence_id)
         if record is None:
             raise GatewayError("evidence_not_found")
-        with self._held_lock:
-            self._inline.discard(record.id)
-        self._drop_file_if_unreferenced(record.sha256, record.ext)
+        self._inline.discard(record.id)
+        await self._drop_file_if_unreferenced(record.sha256, record.ext)
         return record
 
-    def expire(self, tenant: Tenant) -> int:
+    async def expire(self, tenant: Tenant) -> int:
         """Forget the tenant's records past its ``ttl_s``, as DELETE does; how many."""
         not_before = self._not_before(tenant)
         if not not_before:
             return 0
         try:
-            records = self._catalog.expire(tenant.name, not_before)
+            records = await self._catalog.expire(tenant.name, not_before)
         except StorageFull:
             self._release_reserve()
-            records = self._catalog.expire(tenant.name, not_before)
-        with self._held_lock:
-            self._inline.difference_update(r.id for r in records)
+            records = await self._catalog.expire(tenant.name, not_before)
+        self._inline.difference_update(r.id for r in records)
         for record in records:
-            self._drop_file_if_unreferenced(record.sha256, record.ext)
+            await self._drop_file_if_unreferenced(record.sha256, record.ext)
         return len(records)
 
     def keep_reserve(self) -> None:
@@ -303,7 +326,7 @@ class EvidenceService:
         ttl = tenant.policy.evidence.ttl_s
         return int(self._clock() - ttl) if ttl else 0
 
-    def lease(
+    async def lease(
         self, request_id: str, tenant: Tenant, evidence_ids: Sequence[str]
     ) -> list[EvidenceRecord]:
         """Lease every ID for the request, in order, or none of them.
@@ -313,46 +336,53 @@ class EvidenceService:
         """
         records: list[EvidenceRecord] = []
         for evidence_id in evidence_ids:
-            record = self.get(tenant, evidence_id)
+            record = await self.get(tenant, evidence_id)
             if not tenant.allows_modality(record.modality):
                 raise GatewayError(
                     "modality_not_allowed", f"The {record.modality} modality is not allowed."
                 )
             records.append(record)
         if records:
-            self._catalog.take_leases(request_id, records, self._not_before(tenant))
+            await self._catalog.take_leases(
+                request_id, records, self._not_before(tenant), self._lease_ttl_s
+            )
             self._count_leases(request_id, len({r.id for r in records}))
         return records
 
-    def release(self, request_id: str) -> None:
+    async def release(self, request_id: str) -> None:
         """Drop the request's leases and files nothing else holds; idempotent."""
-        released = self._catalog.release_leases(request_id)
+        released = await self._catalog.release_leases(request_id)
         self._count_leases(request_id, None)
         for sha256, ext in released:
-            self._drop_file_if_unreferenced(sha256, ext)
+            await self._drop_file_if_unreferenced(sha256, ext)
 
-    def read_bytes(self, record: EvidenceRecord) -> bytes:
-        return self._store.read(record.sha256, record.ext)
+    async def read_bytes(self, record: EvidenceRecord) -> bytes:
+        return await anyio.to_thread.run_sync(self._store.read, record.sha256, record.ext)
 
-    def active_leases(self) -> int:
-        return self._catalog.active_leases()
+    async def active_leases(self) -> int:
+        return await self._catalog.active_leases()
 
     def _count_leases(self, request_id: str, taken: int | None) -> None:
         """``taken`` leases for the request, or None when they were released."""
-        with self._held_lock:
-            if taken is None:
-                if self._held.pop(request_id, None) is None:
-                    return
-            else:
-                self._held[request_id] = self._held.get(request_id, 0) + taken
-            count = sum(self._held.values())
+        if taken is None:
+            if self._held.pop(request_id, None) is None:
+                return
+        else:
+            self._held[request_id] = self._held.get(request_id, 0) + taken
         if self._on_leases_change is not None:
-            self._on_leases_change(count)
+            self._on_leases_change(sum(self._held.values()))
 
-    def _drop_file_if_unreferenced(self, sha256: str, ext: str) -> None:
+    async def _drop_file_if_unreferenced(self, sha256: str, ext: str) -> None:
         try:
-            with self._store.exclusive():
-                if not self._catalog.is_referenced(sha256):
-                    self._store.remove(sha256, ext)
+            # Most digests are still named by a record: one lookup, no lock.
+            if await self._catalog.is_referenced(sha256):
+                return
+            async with self._store.locked():
+                await self._remove_if_unreferenced(sha256, ext)
         except GatewayError:
-            logger.warning("evidence file %s.%s not removed; recover() will retry", sha256, ext)
+            logger.warning("evidence file %s.%s not removed; a sweep will retry", sha256, ext)
+
+    async def _remove_if_unreferenced(self, sha256: str, ext: str) -> None:
+        """Under the store's lock: an upload of the same bytes cannot slip in between."""
+        if not await self._catalog.is_referenced(sha256):
+            await anyio.to_thread.run_sync(self._store.remove, sha256, ext)

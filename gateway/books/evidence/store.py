@@ -11,20 +11,21 @@ Theory of operation:
   :meth:`EvidenceStore.sweep_temp` removes at the next start.
 - Reads re-check the digest: a file changed on disk is a ``storage_error``,
   never bytes passed on as verified.
-- Every mutation runs under :meth:`EvidenceStore.exclusive`, an ``flock`` on
-  ``<dir>/.lock`` that serializes threads and processes (the server and the
-  ``evidence add`` CLI) alike. It is re-entrant within a thread, so a caller
-  can hold it across a store write and its catalog update. Because a writer
-  holds it from temp creation to rename, any temp file seen under it is
-  stale; the kernel drops the lock when a process dies.
+- Every mutation runs under :meth:`EvidenceStore.locked`, an ``flock`` on
+  ``<dir>/.lock`` that serializes tasks, processes and replicas sharing the
+  volume (the servers and the ``evidence add`` CLI) alike; the caller holds
+  it across a store write and its catalog update (``adopt``, ``remove`` and
+  ``sweep_temp`` do not take it themselves). The kernel drops the lock when
+  a process dies.
 - Disk errors become ``GatewayError("storage_error")``; messages never name
   paths.
 
-Synchronous: the app calls it through ``anyio.to_thread``.
+File work is synchronous: the service calls it through ``anyio.to_thread``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import hashlib
@@ -32,9 +33,12 @@ import os
 import re
 import tempfile
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import anyio.to_thread
 
 from gateway.books.evidence.sniff import EXTENSIONS, MediaType
 from gateway.core.errors import GatewayError
@@ -103,7 +107,8 @@ class EvidenceStore:
 
     def __init__(self, directory: Path) -> None:
         self._dir = directory
-        self._held = threading.local()
+        #: tasks of this process take turns before one of them takes the flock
+        self._local = asyncio.Lock()
         #: bytes of stored media read back so far (what tests assert on: a
         #: request refused before admission reads none)
         self.bytes_read = 0
@@ -117,31 +122,30 @@ class EvidenceStore:
     def directory(self) -> Path:
         return self._dir
 
-    @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
-        """Hold the store's lock (re-entrant per thread, exclusive across processes)."""
-        depth: int = getattr(self._held, "depth", 0)
-        if depth:
-            self._held.depth = depth + 1
+    @contextlib.asynccontextmanager
+    async def locked(self) -> AsyncIterator[None]:
+        """Hold the store's lock: one task of this process at a time, and one
+        process of all that mount the directory (an ``flock`` on ``.lock``,
+        which NFSv4, CephFS and EFS honour across hosts). Not re-entrant."""
+        async with self._local:
+            fd = await anyio.to_thread.run_sync(self._flock)
             try:
                 yield
             finally:
-                self._held.depth = depth
-            return
+                # Closing the descriptor releases the flock.
+                os.close(fd)
+
+    def _flock(self) -> int:
         try:
             fd = os.open(self._dir / _LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as exc:
             raise GatewayError("storage_error") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            self._held.depth = 1
-            try:
-                yield
-            finally:
-                self._held.depth = 0
-        finally:
-            # Closing the descriptor releases the flock.
+        except OSError as exc:
             os.close(fd)
+            raise GatewayError("storage_error") from exc
+        return fd
 
     def path_for(self, sha256: str, ext: str) -> Path:
         if not _SHA256.match(sha256) or ext not in EXTENSIONS:
@@ -163,23 +167,22 @@ class EvidenceStore:
         stored = StoredFile(digest, media.ext, upload.size, target)
         fd = upload.fd
         assert fd is not None
-        with self.exclusive():
-            try:
-                if self._intact(target, digest):
-                    upload.discard()
-                    return stored
-                # Read-only before it becomes visible: no moment exists where
-                # the final name is writable.
-                os.fchmod(fd, 0o444)
-                os.fsync(fd)
-                os.close(fd)
-                upload.fd = None
-                os.replace(upload.path, target)
-                upload.adopted = True
-                self._fsync_dir()
-            except OSError as exc:
+        try:
+            if self._intact(target, digest):
                 upload.discard()
-                raise GatewayError("storage_error") from exc
+                return stored
+            # Read-only before it becomes visible: no moment exists where
+            # the final name is writable.
+            os.fchmod(fd, 0o444)
+            os.fsync(fd)
+            os.close(fd)
+            upload.fd = None
+            os.replace(upload.path, target)
+            upload.adopted = True
+            self._fsync_dir()
+        except OSError as exc:
+            upload.discard()
+            raise GatewayError("storage_error") from exc
         return stored
 
     def stage(self, data: bytes) -> TempUpload:
@@ -233,12 +236,11 @@ class EvidenceStore:
 
     def remove(self, sha256: str, ext: str) -> None:
         path = self.path_for(sha256, ext)
-        with self.exclusive():
-            try:
-                path.unlink(missing_ok=True)
-                self._fsync_dir()
-            except OSError as exc:
-                raise GatewayError("storage_error") from exc
+        try:
+            path.unlink(missing_ok=True)
+            self._fsync_dir()
+        except OSError as exc:
+            raise GatewayError("storage_error") from exc
 
     def files(self) -> list[tuple[str, str]]:
         """(sha256, ext) of every stored file."""
@@ -253,19 +255,25 @@ class EvidenceStore:
                 found.append((match.group(1), match.group(2)))
         return found
 
-    def sweep_temp(self) -> int:
-        """Remove temp files left by a crashed writer; returns how many."""
+    def sweep_temp(self, min_age_s: float = 0.0) -> int:
+        """Remove temp files left by a crashed writer, those unchanged for
+        ``min_age_s`` (replicas sharing the volume: another's upload may be
+        under way); returns how many."""
         removed = 0
-        with self.exclusive():
-            try:
-                for name in os.listdir(self._dir):
-                    if name.startswith(TEMP_PREFIX):
-                        (self._dir / name).unlink(missing_ok=True)
+        cutoff = time.time() - min_age_s
+        try:
+            for name in os.listdir(self._dir):
+                if name.startswith(TEMP_PREFIX):
+                    path = self._dir / name
+                    with contextlib.suppress(FileNotFoundError):
+                        if min_age_s and path.stat().st_mtime > cutoff:
+                            continue
+                        path.unlink()
                         removed += 1
-                if removed:
-                    self._fsync_dir()
-            except OSError as exc:
-                raise GatewayError("storage_error") from exc
+            if removed:
+                self._fsync_dir()
+        except OSError as exc:
+            raise GatewayError("storage_error") from exc
         return removed
 
     @staticmethod

@@ -1,0 +1,81 @@
+"""One place that turns ``state:`` into books (spec §17), as
+``gateway/ratelimit/factory.py`` does for ``limits_store:``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from gateway.books.evidence.catalog import Catalog
+from gateway.books.evidence.service import RESERVE_SUFFIX, EvidenceService
+from gateway.books.evidence.store import EvidenceStore
+from gateway.books.protocols import EvidenceCatalog, ResponseStore
+from gateway.books.sqlite_responses import SqliteResponseStore
+from gateway.books.state.calls import StateCalls
+from gateway.books.state.sqlite import SqliteCatalog
+from gateway.config import GatewayConfig
+
+#: an evidence lease outlives the longest request by this much (spec §17)
+LEASE_MARGIN_S = 10.0
+
+
+def evidence_lease_s(config: GatewayConfig) -> float:
+    """How long an evidence lease holds its file when its replica never releases it."""
+    return max(u.total_timeout_s for u in config.workers) + LEASE_MARGIN_S
+
+
+@dataclass(eq=False)
+class State:
+    catalog: EvidenceCatalog
+    responses: ResponseStore
+    calls: StateCalls
+    #: other replicas share it (their leases, temps and responses are theirs)
+    shared: bool
+
+    async def close(self) -> None:
+        await self.responses.close()
+        await self.catalog.close()
+
+
+def open_state(
+    config: GatewayConfig,
+    env: Mapping[str, str],
+    observe: Callable[[str, float], None] = lambda op, seconds: None,
+    on_error: Callable[[], None] = lambda: None,
+) -> State:
+    """The configured backend; PostgreSQL connects on first use (a replica
+    starts, and serves what needs no state, while the store is down)."""
+    state = config.state
+    if state.backend == "postgres":
+        # Imported here: a SQLite-only install never loads the driver.
+        from gateway.books.state.pg_evidence import PgCatalog
+        from gateway.books.state.pg_responses import PgResponseStore
+        from gateway.books.state.postgres import PgPool, dsn_from
+
+        calls = StateCalls(state.timeout_s, observe, on_error)
+        pool = PgPool(dsn_from(env, state.dsn_env), state.timeout_s)
+        return State(
+            PgCatalog(pool, calls, state.replica), PgResponseStore(pool, calls), calls, True
+        )
+    calls = StateCalls(None, observe, on_error)
+    path = Path(config.staging.catalog)
+    return State(SqliteCatalog(Catalog(path), calls), SqliteResponseStore(path), calls, False)
+
+
+def evidence_service(
+    config: GatewayConfig,
+    state: State,
+    on_leases_change: Callable[[int], None] | None = None,
+) -> EvidenceService:
+    """The evidence service over the configured backend and ``staging.dir``."""
+    catalog = Path(config.staging.catalog)
+    return EvidenceService(
+        EvidenceStore(Path(config.staging.dir)),
+        state.catalog,
+        on_leases_change,
+        # SQLite journals even a delete: its reserve makes room on a full volume.
+        reserve=None if state.shared else catalog.with_name(catalog.name + RESERVE_SUFFIX),
+        lease_ttl_s=evidence_lease_s(config),
+        shared=state.shared,
+    )

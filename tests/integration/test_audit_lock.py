@@ -1,0 +1,78 @@
+"""Two real gateways cannot share one audit path (spec §13, §17): the second
+refuses to start with one line, the first's receipts stay one chain, and a
+killed holder's lock goes with its process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.testing.harness import DEMO_SECRET_ENV, wait_receipt, write_config
+from gateway.tools.cli import main
+from tests.support.jwt import HS_SECRET
+from tests.support.process import REPO, START_TIMEOUT_S, Served, serve, sim_running, wait_ready
+from tests.support.stack import chat_body, issuers, policies
+
+_HELD = "the audit file is held by another gateway process"
+
+
+def _one_receipt(served: Served, audit: Path) -> dict[str, object]:
+    headers = {"authorization": f"Bearer {served.dev_token()}"}
+    with httpx.Client(base_url=served.url, headers=headers, timeout=10) as client:
+        wait_ready(client, 10)
+        response = client.post("/v1/chat/completions", json=chat_body("chained"))
+        assert response.status_code == 200
+    return wait_receipt(audit, response.headers["x-request-id"], 10)
+
+
+def test_a_second_gateway_on_one_audit_path_refuses_to_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    audit = tmp_path / "audit" / "receipts.jsonl"
+    with sim_running() as sim:
+        first, second = (
+            write_config(
+                tmp_path / name,
+                upstream_port=sim.port,
+                policies=policies(),
+                issuers=issuers(),
+                audit={"path": str(audit)},
+                state={"replica_id": name},
+            )
+            for name in ("gw-a", "gw-b")
+        )
+        with serve(first, first.parent) as served:
+            receipt = _one_receipt(served, audit)
+            assert (receipt["replica"], receipt["seq"], receipt["prev_sha256"]) == ("gw-a", 1, None)
+            env = {**os.environ, DEMO_SECRET_ENV: HS_SECRET}
+            env.pop("GATEWAY_LOG_LEVEL", None)
+            argv = ["-m", "gateway.tools.cli", "serve", "--config", str(second), "--port", "0"]
+            refused = subprocess.run(
+                [sys.executable, *argv],
+                cwd=REPO,
+                env=env,
+                capture_output=True,
+                timeout=START_TIMEOUT_S,
+                check=False,
+            )
+            assert refused.returncode != 0
+            assert refused.stdout == b"", "it never listened"
+            stderr = refused.stderr.decode()
+            said = [json.loads(line)["msg"] for line in stderr.splitlines() if _HELD in line]
+            assert said == [f"receipts: {_HELD}"], stderr
+            assert "Traceback" not in stderr and str(tmp_path) not in stderr
+            assert _one_receipt(served, audit)["seq"] == 2, "the first one serves on"
+        # Killed (not drained): its lock went with the process.
+        with serve(second, second.parent) as served:
+            receipt = _one_receipt(served, audit)
+            assert (receipt["replica"], receipt["seq"]) == ("gw-b", 1)
+            served.terminate()
+    capsys.readouterr()
+    assert main(["receipts", "verify", str(audit.parent)]) == 0
+    assert capsys.readouterr().out.strip().endswith("2 replicas, 3 receipts, 0 findings")
