@@ -40,8 +40,11 @@ demo: setup
 demo-engine: setup
 	$(BIN)/mistralrs-gateway demo --engine
 
-bench: setup
+# The scenarios direct vs through the gateway, then what the state costs per
+# request on SQLite vs PostgreSQL (bench/README.md).
+bench: setup postgresql
 	$(BIN)/python -m bench.run
+	$(BIN)/python -m bench.bench_state
 
 soak: setup
 	GATEWAY_SOAK=long $(BIN)/pytest -q -p no:cacheprovider tests/test_soak.py -s

@@ -44,7 +44,9 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def _measure(rounds: int, one: Callable[[int], Awaitable[None]]) -> tuple[float, float, float]:
+async def _measure(
+    rounds: int, one: Callable[[int], Awaitable[None]]
+) -> tuple[float, float, float]:
     for i in range(min(200, rounds)):  # warm: prepared statements, caches
         await one(i)
     took: list[float] = []
@@ -115,7 +117,8 @@ async def _seed(dsn: str) -> list[str]:
         for evidence_id in ids:
             await conn.execute(
                 "INSERT INTO evidence_records (id, tenant, sha256, media_type, ext, bytes, "
-                "locator_sha256, created) VALUES ($1, 'acme', $2, 'image/png', 'png', 100, NULL, 1)",
+                "locator_sha256, created) "
+                "VALUES ($1, 'acme', $2, 'image/png', 'png', 100, NULL, 1)",
                 evidence_id,
                 os.urandom(32).hex(),
             )
@@ -130,10 +133,10 @@ def main() -> None:
     args = parser.parse_args()
     with postgres_server() as server:
         ids = asyncio.run(_seed(server.dsn))
-        print(f"state driver: {args.rounds} requests naming 2 evidence records (2 lookups, lease, release)")
+        print(f"state driver: {args.rounds} requests naming 2 evidence records")
         for name, run in (("asyncpg", _asyncpg), ("psycopg", _psycopg)):
             p50, p99, cpu = asyncio.run(run(server.dsn, ids, args.rounds))
-            print(f"  {name:8s} p50 {p50:7.1f} µs  p99 {p99:7.1f} µs  client CPU {cpu:6.1f} µs/request")
+            print(f"  {name:8s} p50 {p50:7.1f} µs  p99 {p99:7.1f} µs  client CPU {cpu:6.1f} µs")
 
 
 if __name__ == "__main__":

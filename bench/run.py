@@ -134,7 +134,9 @@ def _tokens(secret: str) -> list[str]:
     return [rs, hs]
 
 
-def _config(workdir: Path, sim_port: int, capacity: int) -> Path:
+def _config(
+    workdir: Path, sim_port: int, capacity: int, state: dict[str, Any] | None = None
+) -> Path:
     policy = default_policy(
         TENANT,
         limits={
@@ -169,6 +171,7 @@ def _config(workdir: Path, sim_port: int, capacity: int) -> Path:
         staging={"dir": "var/evidence", "catalog": "var/catalog.sqlite3"},
         audit={"path": "var/receipts.jsonl"},
         metrics={"path": "/metrics"},
+        state=state or {"backend": "sqlite"},
     )
 
 

@@ -127,3 +127,23 @@ def test_quick_redis_bench_reports_both_stores_without_errors(tmp_path: Path) ->
         "redis - memory: ttft_p50_ms",
         "redis - memory: cpu_s_per_1000",
     }
+
+
+def test_quick_state_bench_reports_both_backends_without_errors() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.bench_state", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    out = done.stdout.decode()
+    for name in ("plain", "evidence2", "followup"):
+        for backend in ("sqlite", "postgres"):
+            row = next(
+                line.split() for line in out.splitlines() if line.split()[:2] == [name, backend]
+            )
+            assert row[2] == "20/20", out  # every request answered
+            assert float(row[3]) > 0, out
+        assert any(line.startswith(name) and "pg - sqlite" in line for line in out.splitlines())

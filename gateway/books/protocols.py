@@ -158,3 +158,51 @@ class EvidenceCatalog(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseOverride:
+    """An operator's or a gate's word on a release, standing until ``clear``
+    (spec §18): ``override`` sets the percent, ``rolled_back`` makes it 0."""
+
+    name: str
+    state: str  # "override" | "rolled_back"
+    percent: float
+    #: unix seconds of the decision
+    updated: float
+
+
+@dataclass(frozen=True, slots=True)
+class ArmCounts:
+    """One arm's gate window as one replica last published it."""
+
+    requests: int
+    failures: int
+    ttft_p95_ms: float | None
+
+
+class ReleaseStore(Protocol):
+    """Release decisions every replica follows, and the arms' figures each
+    replica publishes for ``release status`` (spec §18)."""
+
+    async def overrides(self) -> dict[str, ReleaseOverride]:
+        """Every standing decision, by release name."""
+        ...
+
+    async def decide(self, name: str, state: str, percent: float, now: float) -> None:
+        """Set (replace) the release's standing decision."""
+        ...
+
+    async def clear(self, name: str) -> bool:
+        """Back to the config; whether a decision stood."""
+        ...
+
+    async def publish(
+        self, replica: str, figures: Mapping[str, Mapping[str, ArmCounts]], now: float
+    ) -> None:
+        """This replica's window figures, by release then arm (replacing its last)."""
+        ...
+
+    async def figures(self, since: float) -> dict[str, dict[str, dict[str, ArmCounts]]]:
+        """Release -> replica -> arm -> counts, of the replicas that published since ``since``."""
+        ...

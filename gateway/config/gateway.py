@@ -15,6 +15,7 @@ from gateway.config.base import Model, RelPath
 from gateway.config.limits import AdmissionConfig, LimitsConfig, LimitsStoreConfig
 from gateway.config.listen import CorsConfig, ListenConfig
 from gateway.config.observe import AuditConfig, LoggingConfig, MetricsConfig
+from gateway.config.releases import ReleaseConfig
 from gateway.config.responses import ResponsesConfig
 from gateway.config.staging import StagingConfig
 from gateway.config.state import StateConfig
@@ -62,9 +63,12 @@ class GatewayConfig(Model):
         description="Where tenant rate limits are counted: this process, or Redis (spec §15).",
     )
 
+    releases: list[ReleaseConfig] = Field(
+        [], description="Canary releases: an alias naming a stable and a canary route (§18)."
+    )
     state: StateConfig = Field(
         StateConfig(),
-        description="Evidence, leases and kept responses: SQLite (one replica) or PostgreSQL (§17).",
+        description="Evidence, leases, kept responses: SQLite (one replica) or PostgreSQL (§17).",
     )
 
     @model_validator(mode="after")
@@ -87,6 +91,16 @@ class GatewayConfig(Model):
             ports = [u.launch.port for u in self.upstreams if u.launch is not None]
             if len(ports) != len(set(ports)):
                 raise ValueError("each launched worker needs its own port")
+        served = set(self.routes)
+        names = [r.name for r in self.releases]
+        if len(names) != len(set(names)):
+            raise ValueError("release names must be unique")
+        for release in self.releases:
+            for arm in ("stable", "canary"):
+                if getattr(release, arm) not in served:
+                    raise ValueError(
+                        f"releases.{release.name}.{arm} must be a route an upstream serves"
+                    )
         # base64 grows bytes by 4/3; the forwarded body must fit every worker's limit.
         media = self.limits.max_media_bytes * 4 // 3
         smallest = min(u.max_request_bytes for u in self.workers)

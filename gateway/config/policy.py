@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 
 from gateway.config import GatewayConfig, Hex64, LimitsConfig, Model, PositiveFloat, PositiveInt
+from gateway.config.releases import RELEASE_PREFIX
 
 Endpoint = Literal[
     "chat.completions", "completions", "responses", "embeddings", "messages", "models", "evidence"
@@ -161,7 +162,9 @@ class TenantPolicy(Model):
     tenant: Annotated[str, Field(pattern=TENANT_NAME)] = Field(
         description="Tenant name; must equal the file's stem.",
     )
-    models: dict[str, str] = Field({}, description="Caller-facing alias -> exact upstream route.")
+    models: dict[str, str] = Field(
+        {}, description='Caller-facing alias -> exact upstream route, or "release:<name>" (§18).'
+    )
     endpoints: list[Endpoint] = Field(
         ["chat.completions", "completions", "models"],
         description="Endpoints the tenant may call.",
@@ -280,8 +283,12 @@ def check_policy(policy: TenantPolicy, stem: str, config: GatewayConfig) -> list
     if policy.tenant != stem:
         problems.append(("tenant", f"must equal the file name stem {stem!r}"))
     served = config.routes  # built on each access: once per policy, not per alias
+    releases = {RELEASE_PREFIX + r.name for r in config.releases}
     for alias, route in policy.models.items():
-        if route not in served:
+        if route.startswith(RELEASE_PREFIX):
+            if route not in releases:
+                problems.append((f"models.{alias}", "must name a configured release"))
+        elif route not in served:
             problems.append((f"models.{alias}", "must be a route an upstream serves"))
     for name in _CEILINGS:
         own = getattr(policy.limits, name)

@@ -8,7 +8,6 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
@@ -25,7 +24,7 @@ def _sdk(f: Fleet, name: str = "acme") -> openai.AsyncOpenAI:
         api_key=f.replicas[0].dev_token(name),
         max_retries=0,
         # A new connection per request: each lands on any replica.
-        http_client=httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0)),
+        default_headers={"connection": "close"},
     )
 
 

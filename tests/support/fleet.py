@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -108,7 +109,7 @@ async def fleet(
         configs = fleet_configs(root, sims, redis, tenants, **sections)
         with serving(configs) as replicas:
             for replica in replicas:
-                await until(lambda r=replica: _ready(r), "replica ready", 30)
+                await until(functools.partial(_ready, replica), "replica ready", 30)
             ports = [int(r.url.rsplit(":", 1)[1]) for r in replicas]
             async with balanced(ports) as balancer:
                 yield Fleet(sims, replicas, balancer, root / "shared-evidence")

@@ -18,11 +18,9 @@ Theory of operation:
   runs in WAL mode with ``synchronous=FULL`` so a committed record survives
   power loss; write transactions are ``BEGIN IMMEDIATE`` so another process
   waits on ``busy_timeout`` instead of failing mid-transaction.
-- Response ids (spec §14): every Responses id the gateway relayed is kept for
-  its tenant (with the alias it was asked for) until it expires, so that
-  ``previous_response_id``, ``GET`` and ``DELETE`` reach the worker only for
-  the caller's own ids; another tenant's id is indistinguishable from an
-  unknown one.
+- Kept responses (spec §14, §17) live in their own table of the same file
+  (``gateway/books/sqlite_responses.py``); a catalog from before keeps its
+  old ``responses`` table, unread.
 - Quotas (spec §13) are checked in the same write transaction as the insert,
   so concurrent uploads cannot pass them together. Records older than their
   tenant's ``ttl_s`` are invisible to every lookup (``not_before``) before the
@@ -44,7 +42,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from gateway.books.evidence.sniff import MediaModality, media_type_for
 from gateway.core.errors import GatewayError
@@ -74,15 +72,6 @@ CREATE TABLE IF NOT EXISTS leases (
     PRIMARY KEY (request_id, evidence_id)
 );
 CREATE INDEX IF NOT EXISTS leases_sha256 ON leases (sha256);
-CREATE TABLE IF NOT EXISTS responses (
-    tenant TEXT NOT NULL,
-    id TEXT NOT NULL,
-    alias TEXT NOT NULL,
-    expires INTEGER NOT NULL,
-    body BLOB,
-    upstream_id TEXT,
-    PRIMARY KEY (tenant, id)
-);
 """
 
 # Statements are literal text: values go only through placeholders.
@@ -132,18 +121,6 @@ def new_evidence_id() -> str:
 
 def is_evidence_id(value: str) -> bool:
     return EVIDENCE_ID.match(value) is not None
-
-
-class ResponseRow(NamedTuple):
-    """One row of the responses table: a tenant's Responses id, until ``expires``."""
-
-    tenant: str
-    id: str
-    alias: str
-    expires: int
-    body: bytes | None
-    #: the worker's own id of the response (callers see the gateway's, spec §21)
-    upstream_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,10 +190,6 @@ class Catalog:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.executescript(_SCHEMA)
-            columns = {row[1] for row in conn.execute("PRAGMA table_info(responses)")}
-            if "upstream_id" not in columns:
-                # A catalog from before gateway ids (spec §21): its ids are the worker's.
-                conn.execute("ALTER TABLE responses ADD COLUMN upstream_id TEXT")
             if "expires" not in {row[1] for row in conn.execute("PRAGMA table_info(leases)")}:
                 # A catalog from before lease expiry (spec §17): NULL never expires.
                 conn.execute("ALTER TABLE leases ADD COLUMN expires REAL")
@@ -392,10 +365,13 @@ class Catalog:
             for record in records:
                 # INSERT ... SELECT: the lease exists only if the record still does.
                 cursor = conn.execute(
-                    "INSERT OR IGNORE INTO leases "
+                    "INSERT INTO leases "
                     "(request_id, evidence_id, sha256, ext, taken_at, expires) "
                     "SELECT ?, id, sha256, ext, ?, ? FROM records "
-                    "WHERE id = ? AND tenant = ? AND created >= ?",
+                    "WHERE id = ? AND tenant = ? AND created >= ? "
+                    # Taken again: it holds from the latest take (as PostgreSQL's does).
+                    "ON CONFLICT (request_id, evidence_id) "
+                    "DO UPDATE SET expires = excluded.expires",
                     (request_id, int(now), expires, record.id, record.tenant, not_before),
                 )
                 if cursor.rowcount == 0 and not _leased(conn, request_id, record.id):
@@ -432,39 +408,11 @@ class Catalog:
 
     def active_leases(self) -> int:
         with self._read() as conn:
-            row = conn.execute("SELECT COUNT(*) FROM leases").fetchone()
-        return int(row[0])
-
-    def record_responses(self, rows: list[ResponseRow]) -> None:
-        """Record noted Responses ids, all in one transaction."""
-        with self._write() as conn:
-            conn.executemany(
-                "INSERT OR REPLACE INTO responses (tenant, id, alias, expires, body, upstream_id) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                rows,
-            )
-
-    def response_entry(
-        self, tenant: str, response_id: str
-    ) -> tuple[str, bytes | None, str | None] | None:
-        """(alias, kept response object, the worker's id) of the tenant's live
-        response id; None if it is not one of the tenant's."""
-        with self._read() as conn:
             row = conn.execute(
-                "SELECT alias, body, upstream_id FROM responses "
-                "WHERE tenant = ? AND id = ? AND expires > ?",
-                (tenant, response_id, int(self._clock())),
+                "SELECT COUNT(*) FROM leases WHERE expires IS NULL OR expires > ?",
+                (self._clock(),),
             ).fetchone()
-        return None if row is None else (str(row[0]), row[1], row[2])
-
-    def forget_response(self, tenant: str, response_id: str) -> None:
-        with self._write() as conn:
-            conn.execute("DELETE FROM responses WHERE tenant = ? AND id = ?", (tenant, response_id))
-
-    def expire_responses(self) -> int:
-        with self._write() as conn:
-            cursor = conn.execute("DELETE FROM responses WHERE expires <= ?", (int(self._clock()),))
-        return cursor.rowcount
+        return int(row[0])
 
     def clear_stale_leases(self) -> int:
         """Drop every lease (a crashed server's); call only at server start."""

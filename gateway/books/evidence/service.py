@@ -135,7 +135,7 @@ class EvidenceService:
 
     async def sweep(self) -> int:
         """Drop expired leases (a crashed replica's) and the files only they
-        held; how many leases."""
+        held; how many distinct files those leases held."""
         released = await self._catalog.sweep_leases()
         for sha256, ext in released:
             await self._drop_file_if_unreferenced(sha256, ext)

@@ -102,6 +102,13 @@ class TempUpload:
                 os.unlink(self.path)
 
 
+def _flock(fd: int) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as exc:
+        raise GatewayError("storage_error") from exc
+
+
 class EvidenceStore:
     """Files named by their SHA-256 in one directory; see the module docstring."""
 
@@ -128,24 +135,17 @@ class EvidenceStore:
         process of all that mount the directory (an ``flock`` on ``.lock``,
         which NFSv4, CephFS and EFS honour across hosts). Not re-entrant."""
         async with self._local:
-            fd = await anyio.to_thread.run_sync(self._flock)
             try:
+                fd = os.open(self._dir / _LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            except OSError as exc:
+                raise GatewayError("storage_error") from exc
+            try:
+                # The descriptor is ours before the wait: a task cancelled while
+                # the thread waits still closes it, and with it the lock.
+                await anyio.to_thread.run_sync(_flock, fd)
                 yield
             finally:
-                # Closing the descriptor releases the flock.
                 os.close(fd)
-
-    def _flock(self) -> int:
-        try:
-            fd = os.open(self._dir / _LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
-            raise GatewayError("storage_error") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError as exc:
-            os.close(fd)
-            raise GatewayError("storage_error") from exc
-        return fd
 
     def path_for(self, sha256: str, ext: str) -> Path:
         if not _SHA256.match(sha256) or ext not in EXTENSIONS:

@@ -279,7 +279,12 @@ class PgCatalog:
 
     async def recover_leases(self) -> int:
         # Other replicas' leases are live; only expiry tells a crashed one's.
-        return len(await self.sweep_leases())
+        rows = await self._fetch(
+            "recover_leases",
+            "DELETE FROM evidence_leases WHERE expires <= $1 RETURNING request_id",
+            self._clock(),
+        )
+        return len(rows)
 
     async def close(self) -> None:
         # The pool is shared with the response store: the catalog closes it last.

@@ -13,15 +13,16 @@ import pytest
 from gateway.books.evidence.catalog import (
     Catalog,
     EvidenceRecord,
-    ResponseRow,
     StorageFull,
     is_evidence_id,
     new_evidence_id,
 )
 from gateway.core.errors import GatewayError
+from tests.books.evidence.support import FakeClock
 
 SHA_A = "a" * 64
 SHA_B = "b" * 64
+SHA_C = "c" * 64
 
 
 @pytest.fixture
@@ -123,6 +124,77 @@ def test_clear_stale_leases(tmp_path: Path) -> None:
         assert second.get("acme", record.id) == record
 
 
+def clocked(tmp_path: Path) -> tuple[Catalog, FakeClock]:
+    clock = FakeClock()
+    return Catalog(tmp_path / "cat.sqlite3", clock=clock), clock
+
+
+def test_is_referenced_ignores_expired_leases(tmp_path: Path) -> None:
+    catalog, clock = clocked(tmp_path)
+    with catalog:
+        record = add(catalog)
+        catalog.take_leases("req-1", [record], ttl_s=10)
+        catalog.delete("acme", record.id)
+        assert catalog.is_referenced(SHA_A)  # the lease holds it
+        clock.advance(9.9)
+        assert catalog.is_referenced(SHA_A)
+        clock.advance(0.1)  # at its expiry the lease holds nothing
+        assert not catalog.is_referenced(SHA_A)
+
+
+def test_a_record_is_referenced_whatever_its_leases(tmp_path: Path) -> None:
+    catalog, clock = clocked(tmp_path)
+    with catalog:
+        record = add(catalog)
+        catalog.take_leases("req-1", [record], ttl_s=1)
+        clock.advance(5)
+        assert catalog.is_referenced(SHA_A)  # the record still names it
+        assert catalog.sweep_leases() == [(SHA_A, "png")]
+        assert catalog.is_referenced(SHA_A)
+
+
+def test_sweep_leases_drops_only_expired_ones_and_returns_their_files(tmp_path: Path) -> None:
+    catalog, clock = clocked(tmp_path)
+    with catalog:
+        one, two, three = add(catalog, sha=SHA_A), add(catalog, sha=SHA_B), add(catalog, sha=SHA_C)
+        catalog.take_leases("short", [one, two], ttl_s=10)
+        catalog.take_leases("short-too", [one], ttl_s=10)
+        catalog.take_leases("long", [two], ttl_s=100)
+        catalog.take_leases("for-good", [three])  # no TTL: the CLI's, never expires
+        assert catalog.sweep_leases() == []
+        clock.advance(10)
+        # distinct digests of the leases dropped, sorted
+        assert catalog.sweep_leases() == [(SHA_A, "png"), (SHA_B, "png")]
+        assert catalog.active_leases() == 2  # "long" and "for-good" stay
+        assert catalog.release_leases("short") == []  # already swept
+        assert catalog.sweep_leases() == []
+        clock.advance(1_000_000)
+        assert catalog.sweep_leases() == [(SHA_B, "png")]
+        assert catalog.active_leases() == 1
+        assert catalog.release_leases("for-good") == [(SHA_C, "png")]
+
+
+def test_an_old_catalog_gains_lease_expiry(tmp_path: Path) -> None:
+    """A catalog written before leases expired: its leases hold for good."""
+    path = tmp_path / "cat.sqlite3"
+    with closing(sqlite3.connect(path)) as conn:
+        conn.execute(
+            "CREATE TABLE leases (request_id TEXT NOT NULL, evidence_id TEXT NOT NULL, "
+            "sha256 TEXT NOT NULL, ext TEXT NOT NULL, taken_at INTEGER NOT NULL, "
+            "PRIMARY KEY (request_id, evidence_id))"
+        )
+        conn.execute(
+            "INSERT INTO leases VALUES ('req-old', ?, ?, 'png', 1)", (new_evidence_id(), SHA_A)
+        )
+        conn.commit()
+    clock = FakeClock()
+    with Catalog(path, clock=clock) as catalog:
+        clock.advance(10**9)
+        assert catalog.is_referenced(SHA_A)
+        assert catalog.sweep_leases() == []
+        assert catalog.release_leases("req-old") == [(SHA_A, "png")]
+
+
 def test_wal_mode(tmp_path: Path, catalog: Catalog) -> None:
     with closing(sqlite3.connect(tmp_path / "cat.sqlite3")) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -150,20 +222,21 @@ def test_concurrent_writers(catalog: Catalog) -> None:
     assert catalog.active_leases() == 0
 
 
-def test_closed_catalog_is_storage_error(tmp_path: Path) -> None:
+def test_closed_catalog_is_state_unavailable(tmp_path: Path) -> None:
     catalog = Catalog(tmp_path / "cat.sqlite3")
     catalog.close()
     catalog.close()
     with pytest.raises(GatewayError) as info:
         catalog.get("acme", new_evidence_id())
-    assert info.value.code == "storage_error"
+    assert info.value.code == "state_unavailable"
+    assert info.value.status == 503
 
 
-def test_unopenable_catalog_is_storage_error(tmp_path: Path) -> None:
+def test_unopenable_catalog_is_state_unavailable(tmp_path: Path) -> None:
     (tmp_path / "dir.sqlite3").mkdir()
     with pytest.raises(GatewayError) as info:
         Catalog(tmp_path / "dir.sqlite3")
-    assert info.value.code == "storage_error"
+    assert info.value.code == "state_unavailable"
     assert str(tmp_path) not in info.value.message
 
 
@@ -189,7 +262,7 @@ class _FullVolume:
         return self.real.executemany(sql, rows)
 
 
-@pytest.mark.parametrize("failing", ["BEGIN IMMEDIATE", "INSERT OR REPLACE INTO responses"])
+@pytest.mark.parametrize("failing", ["BEGIN IMMEDIATE", "INSERT INTO records"])
 def test_a_full_volume_is_storage_full_whichever_statement_hits_it(
     catalog: Catalog, failing: str
 ) -> None:
@@ -198,9 +271,16 @@ def test_a_full_volume_is_storage_full_whichever_statement_hits_it(
     catalog._conn = _FullVolume(real, failing)  # type: ignore[assignment]
     try:
         with pytest.raises(StorageFull) as info:
-            catalog.record_responses([ResponseRow("acme", "resp_x", "small", 1, None)])
+            catalog.add(
+                tenant="acme",
+                sha256=SHA_A,
+                media_type="image/png",
+                ext="png",
+                size=3,
+                locator_sha256=None,
+            )
     finally:
         catalog._conn = real
-    assert info.value.code == "storage_error"
+    assert info.value.code == "state_unavailable"  # spec §17: never a 500
     assert isinstance(info.value.__cause__, sqlite3.OperationalError)
-    assert catalog.response_entry("acme", "resp_x") is None
+    assert catalog.usage("acme") == (0, 0)

@@ -583,7 +583,10 @@ def gateway_config(tmp_path: Path, **state: Any) -> GatewayConfig:
     return GatewayConfig.model_validate(
         {
             "upstream": {"route": ROUTE, "total_timeout_s": 300},
-            "staging": {"dir": str(tmp_path / "ev"), "catalog": str(tmp_path / "db" / "cat.sqlite3")},
+            "staging": {
+                "dir": str(tmp_path / "ev"),
+                "catalog": str(tmp_path / "db" / "cat.sqlite3"),
+            },
             "state": state,
         }
     )

@@ -1,0 +1,67 @@
+"""Builders shared by the state-backend tests: catalogs on a clock the test moves."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gateway.books.evidence.catalog import Catalog, EvidenceRecord
+from gateway.books.protocols import EvidenceCatalog
+from gateway.books.state.calls import StateCalls
+from gateway.books.state.sqlite import SqliteCatalog
+
+if TYPE_CHECKING:
+    from gateway.books.state.pg_evidence import PgCatalog
+
+SHA_A = "a" * 64
+SHA_B = "b" * 64
+SHA_C = "c" * 64
+#: generous: these tests are about results, the outage tests choose their own bound
+TIMEOUT_S = 10.0
+
+
+def pg_catalog(
+    dsn: str,
+    clock: Callable[[], float],
+    replica: str = "replica-a",
+    timeout_s: float = TIMEOUT_S,
+    calls: StateCalls | None = None,
+) -> PgCatalog:
+    """A PostgreSQL catalog on a pool of its own (one replica's)."""
+    # Imported here, as the factory does: the SQLite half needs no driver.
+    from gateway.books.state.pg_evidence import PgCatalog
+    from gateway.books.state.postgres import PgPool
+
+    return PgCatalog(
+        PgPool(dsn, timeout_s),
+        StateCalls(timeout_s) if calls is None else calls,
+        replica,
+        clock=clock,
+    )
+
+
+def sqlite_catalog(path: Path, clock: Callable[[], float]) -> SqliteCatalog:
+    return SqliteCatalog(Catalog(path, clock=clock))
+
+
+async def add(
+    catalog: EvidenceCatalog,
+    tenant: str = "acme",
+    sha: str = SHA_A,
+    *,
+    size: int = 82,
+    locator: str | None = None,
+    quota: tuple[int, int] | None = None,
+    not_before: int = 0,
+) -> EvidenceRecord:
+    return await catalog.add(
+        tenant=tenant,
+        sha256=sha,
+        media_type="image/png",
+        ext="png",
+        size=size,
+        locator_sha256=locator,
+        quota=quota,
+        not_before=not_before,
+    )
