@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 
+from gateway.books.evidence.catalog import Catalog
 from tests.support.evidence import (
     BASE_LIMITS,
     PNG,
@@ -47,8 +48,10 @@ def big_png(size: int) -> bytes:
 
 
 def records_of(stack: Stack, tenant: str = "acme") -> int:
-    count: int = stack.runtime.evidence.catalog.usage(tenant)[0]
-    return count
+    """The tenant's live records, read from the SQLite file itself (the test's thread
+    is not the server's loop)."""
+    with Catalog(Path(stack.runtime.config.staging.catalog)) as catalog:
+        return catalog.usage(tenant)[0]
 
 
 # -- quotas, identical re-uploads, listing --------------------------------------
