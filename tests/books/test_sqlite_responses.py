@@ -172,11 +172,13 @@ async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
 
 async def test_a_full_volume_is_state_unavailable(store: SqliteResponseStore) -> None:
     await store.keep([row("resp_small")], {})
-    conn = store._conn
-    assert conn is not None
+
     # SQLITE_FULL without filling a disk: the file may not grow past its pages now.
-    pages = conn.execute("PRAGMA page_count").fetchone()[0]
-    conn.execute(f"PRAGMA max_page_count = {pages}")
+    def cap(conn: sqlite3.Connection) -> None:
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        conn.execute(f"PRAGMA max_page_count = {pages}")
+
+    await store._file.read(cap)
     big = KeptResponse(
         "acme", "resp_big", "small", NOW, int(NOW) + 60, None, b"[]", b"[]", b"x" * 200_000
     )
