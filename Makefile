@@ -41,10 +41,11 @@ demo-engine: setup
 	$(BIN)/mistralrs-gateway demo --engine
 
 # The scenarios direct vs through the gateway, then what the state costs per
-# request on SQLite vs PostgreSQL (bench/README.md).
+# request on SQLite vs PostgreSQL, then what a release costs (bench/README.md).
 bench: setup postgresql
 	$(BIN)/python -m bench.run
 	$(BIN)/python -m bench.bench_state
+	$(BIN)/python -m bench.bench_release
 
 soak: setup
 	GATEWAY_SOAK=long $(BIN)/pytest -q -p no:cacheprovider tests/test_soak.py -s

@@ -129,16 +129,21 @@ def test_quick_redis_bench_reports_both_stores_without_errors(tmp_path: Path) ->
     }
 
 
-def test_quick_state_bench_reports_both_backends_without_errors() -> None:
+def _quick(module: str) -> str:
+    """``python -m <module> --quick``: what it printed (it must exit 0)."""
     done = subprocess.run(
-        [sys.executable, "-m", "bench.bench_state", "--quick"],
+        [sys.executable, "-m", module, "--quick"],
         cwd=ROOT,
         capture_output=True,
         timeout=180,
         check=False,
     )
     assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
-    out = done.stdout.decode()
+    return done.stdout.decode()
+
+
+def test_quick_state_bench_reports_both_backends_without_errors() -> None:
+    out = _quick("bench.bench_state")
     for name in ("plain", "evidence2", "followup"):
         for backend in ("sqlite", "postgres"):
             row = next(
@@ -147,3 +152,9 @@ def test_quick_state_bench_reports_both_backends_without_errors() -> None:
             assert row[2] == "20/20", out  # every request answered
             assert float(row[3]) > 0, out
         assert any(line.startswith(name) and "pg - sqlite" in line for line in out.splitlines())
+
+
+def test_quick_release_bench_runs_both_aliases_without_errors() -> None:
+    out = _quick("bench.bench_release")
+    assert out.count("ok 40/40") == 2, out  # every request through both aliases answered
+    assert "release - plain:" in out

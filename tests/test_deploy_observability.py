@@ -76,6 +76,14 @@ def registry_samples() -> dict[str, frozenset[str]]:
 
 REGISTRY = registry_samples()
 
+#: the release metrics (spec §18, and the gates' rollbacks) as samples: name -> labels
+RELEASE_SAMPLES = {
+    "gateway_release_requests_total": frozenset({"release", "arm", "outcome"}),
+    "gateway_release_ttft_seconds_bucket": frozenset({"release", "arm", "le"}),
+    "gateway_release_canary_percent": frozenset({"release"}),
+    "gateway_release_rollbacks_total": frozenset({"release"}),
+}
+
 
 @dataclass
 class Usage:
@@ -139,6 +147,9 @@ def test_the_registry_has_what_the_spec_names() -> None:
     assert REGISTRY["gateway_requests_total"] == {"tenant", "endpoint", "status"}
     assert REGISTRY["gateway_upstream_ready"] == {"upstream", "route"}
     assert REGISTRY["gateway_limits_store_seconds_bucket"] == {"op", "le"}
+    # Releases (spec §18), with the labels the spec gives them.
+    for name, labels in RELEASE_SAMPLES.items():
+        assert REGISTRY.get(name) == labels, name
 
 
 @pytest.mark.parametrize(
@@ -260,6 +271,39 @@ def test_dashboard_shows_what_operators_need(dashboard: Doc) -> None:
     assert all(e.startswith("histogram_quantile(") for e in ttft) and len(ttft) >= 3
 
 
+def row_panels(dashboard: Doc, title: str) -> list[Doc]:
+    """The panels under the row of that title, up to the next row."""
+    panels: list[Doc] = dashboard["panels"]
+    (start,) = [i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == title]
+    under = []
+    for panel in panels[start + 1 :]:
+        if panel["type"] == "row":
+            break
+        under.append(panel)
+    return under
+
+
+def test_dashboard_has_a_releases_row_by_arm(dashboard: Doc) -> None:
+    panels = row_panels(dashboard, "Releases")
+    exprs = [t["expr"] for p in panels for t in p["targets"]]
+    used = {m for expr in exprs for m in check_promql(expr).metrics}
+    # Only release metrics the gateway registers (the registry test above pins them).
+    assert used == set(RELEASE_SAMPLES)
+    assert all(check_promql(expr).problems == [] for expr in exprs)
+    (requests,) = [e for e in exprs if "gateway_release_requests_total" in e]
+    assert requests.startswith("sum by (release, arm, outcome) (rate(")
+    (ttft,) = [e for e in exprs if "gateway_release_ttft_seconds_bucket" in e]
+    assert ttft.startswith("histogram_quantile(0.95, sum by (le, release, arm) (rate(")
+    assert any("gateway_release_canary_percent" in e for e in exprs)
+    # The arms are told apart in each panel's legend, side by side in one row.
+    for panel in panels:
+        legends = [t["legendFormat"] for t in panel["targets"]]
+        assert all("{{release}}" in legend for legend in legends), panel["title"]
+    arms = [p for p in panels if all("{{arm}}" in t["legendFormat"] for t in p["targets"])]
+    assert len(arms) >= 2
+    assert len({p["gridPos"]["y"] for p in arms}) == 1, "requests and TTFT side by side"
+
+
 # --- alert rules -------------------------------------------------------------------------
 
 
@@ -323,6 +367,15 @@ def test_alerts_cover_the_failure_modes(rules: list[Doc]) -> None:
     five = alert(rules, "MistralrsGatewayHigh5xxRate")["expr"]
     assert 'status=~"5.."' in five
     assert 'endpoint!~"health|metrics"' in five  # an unready pod's /readyz 503s are no answers
+
+
+def test_a_gate_rollback_alerts(rules: list[Doc]) -> None:
+    rule = alert(rules, "MistralrsGatewayReleaseRolledBack")
+    expr = " ".join(rule["expr"].split())
+    assert check_promql(expr).metrics == {"gateway_release_rollbacks_total"}
+    assert "(increase(gateway_release_rollbacks_total[10m])) > 0" in expr
+    assert "release" in _GROUPING.findall(expr)[0][1], "names the release"
+    assert "{{ $labels.release }}" in rule["annotations"]["summary"]
 
 
 def threshold(expr: str) -> float:

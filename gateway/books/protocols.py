@@ -17,6 +17,7 @@ mounts; object storage would be another implementation of that store.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -179,6 +180,33 @@ class ArmCounts:
     requests: int
     failures: int
     ttft_p95_ms: float | None
+
+
+#: the states a decision may have (the config's own percent is no decision)
+DECISIONS = frozenset({"override", "rolled_back"})
+#: a replica that published nothing for this long has stopped: its rows go
+FORGET_AFTER_S = 86_400.0
+#: release -> replica -> arm -> counts
+Figures = dict[str, dict[str, dict[str, ArmCounts]]]
+
+
+def check_decision(state: str, percent: float) -> None:
+    """A decision the stores accept; anything else is the caller's bug, not the store's."""
+    if state not in DECISIONS:
+        raise ValueError(f"a release decision is one of {sorted(DECISIONS)}, not {state!r}")
+    if not (math.isfinite(percent) and 0 <= percent <= 100):
+        raise ValueError("a release decision's percent is within 0-100")
+
+
+def figure_rows(
+    replica: str, figures: Mapping[str, Mapping[str, ArmCounts]], now: float
+) -> list[tuple[str, str, str, int, int, float | None, float]]:
+    """One replica's published figures as rows (name, replica, arm, counts…, updated)."""
+    return [
+        (name, replica, arm, c.requests, c.failures, c.ttft_p95_ms, now)
+        for name, arms in figures.items()
+        for arm, c in arms.items()
+    ]
 
 
 class ReleaseStore(Protocol):

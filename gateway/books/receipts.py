@@ -69,6 +69,7 @@ __all__ = [
     "AuditFileHeld",
     "Receipt",
     "ReceiptWriter",
+    "ReleaseMark",
     "Usage",
     "receipt_line",
 ]
@@ -93,6 +94,16 @@ _LINE_BREAKS = (
     (b"\xc2\x85", b"\\u0085"),
 )
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseMark:
+    """Which arm of a release answered (spec §18); ``fallback_from`` names the arm
+    whose attempt failed before its head and was sent once to this one."""
+
+    name: str
+    arm: str
+    fallback_from: str | None = None
 
 
 @dataclass(slots=True)
@@ -129,6 +140,8 @@ class Receipt:
     created: float = 0.0
     #: U+0000 characters replaced by U+FFFD in the streamed text (upstream.text_nul)
     nul_replaced: int = 0
+    #: the release and arm when the alias names a release (spec §18); null otherwise
+    release: ReleaseMark | None = None
     #: the replica's chain (gateway/books/receipt_chain.py), stamped by the writer
     replica: str | None = None
     seq: int | None = None

@@ -32,7 +32,8 @@ async def models(scope: Scope, receive: Receive, send: Send) -> None:
         return
     entries = {}
     for name, route in sorted(tenant.policy.models.items()):
-        state = rt.readiness.state(route)
+        # A release's alias shows its stable route's state (spec §18).
+        state = rt.readiness.state(rt.table.readiness_route(route))
         entries[name] = {
             "id": name,
             "object": "model",

@@ -184,6 +184,33 @@ class GatewayMetrics:
             "Failed state-store calls (unreachable, slower than state.timeout_ms, refused).",
             registry=r,
         )
+        # Releases (spec §18): label values are release names and arms from config.
+        self.release_requests = Counter(
+            "gateway_release_requests_total",
+            "Requests of a release by arm (stable|canary) and receipt outcome; a canary "
+            "attempt that fell back counts once more, with its own outcome.",
+            ["release", "arm", "outcome"],
+            registry=r,
+        )
+        self.release_ttft = Histogram(
+            "gateway_release_ttft_seconds",
+            "Time to first token of a release's requests, by arm.",
+            ["release", "arm"],
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        self.release_canary_percent = Gauge(
+            "gateway_release_canary_percent",
+            "The canary's effective percent (config, operator override, or 0 rolled back).",
+            ["release"],
+            registry=r,
+        )
+        self.release_rollbacks = Counter(
+            "gateway_release_rollbacks_total",
+            "Canaries rolled back by their gate on this replica (operator rollbacks not counted).",
+            ["release"],
+            registry=r,
+        )
         # Read from the store at scrape time (watch_limits_store).
         self.limits_store_healthy = Gauge(
             "gateway_limits_store_healthy",

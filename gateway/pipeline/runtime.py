@@ -10,6 +10,7 @@ can wait for them and, past the grace period, end them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -40,6 +41,7 @@ from gateway.pipeline.cancel import Exchange
 from gateway.pipeline.probe import probe
 from gateway.ratelimit import LimitsStore, build_limits_store
 from gateway.upstream.readiness import Readiness
+from gateway.upstream.releases import Releases
 from gateway.upstream.table import RouteTable, capacities
 
 log = logging.getLogger("gateway")
@@ -103,8 +105,15 @@ class Runtime:
         return not self.draining and all(self.readiness.ready(r) for r in self.policy_routes())
 
     def policy_routes(self) -> set[str]:
-        """The routes the tenants' aliases point at (what /readyz answers for)."""
-        return {route for t in self.policies.tenants.values() for route in t.policy.models.values()}
+        """The routes the tenants' aliases point at (what /readyz answers for):
+        for a release its stable route, as the release is ready when stable is
+        (its canary shows in /readyz's routes, for information only)."""
+        ready_for = self.table.readiness_route
+        return {
+            ready_for(route)
+            for t in self.policies.tenants.values()
+            for route in t.policy.models.values()
+        }
 
     def check_books(self) -> None:
         """Refuse new work while receipts cannot be written (spec §13)."""
@@ -134,28 +143,53 @@ class Runtime:
         return None
 
     async def reload(self) -> list[str]:
-        """SIGHUP: re-read policies and key files; swap only if all are valid."""
+        """SIGHUP: re-read policies, key files and ``releases`` (a promotion is a
+        config edit, spec §18); swap only if all are valid."""
         try:
             config = load_config(self.loaded.config_path)
-            policies = load_policies(self.config)
+            running = self._with_releases(config)
+            policies = load_policies(running)
             keys = load_key_set(self.config.auth, os.environ)
-            if config != self.config:
+            waiting = [k for k in changed_keys(self.config, config) if not _at_reload(k)]
+            if waiting:
                 log.warning(
                     "reload: %s changed at %s; these need a restart",
                     self.loaded.config_path.name,
-                    ", ".join(changed_keys(self.config, config)),
+                    ", ".join(waiting),
                 )
         except ConfigError as exc:
             self.metrics.reloads.labels("refused").inc()
             for line in exc.errors:
                 log.error("reload refused: %s", line)
             return exc.errors
+        if running is not self.config:
+            # Standing decisions live in the store and stay; so do unchanged releases' windows.
+            self.loaded = dataclasses.replace(self.loaded, config=running)
+            self.table.releases.configure(running.releases)
+            log.info("reload: releases applied: %d", len(running.releases))
         self.policies = policies
         self.auth.swap(keys)
         self.receipts.reopen()
         self.metrics.reloads.labels("applied").inc()
         log.info("reload applied: %d tenants", len(policies.tenants))
         return []
+
+    def _with_releases(self, config: GatewayConfig) -> GatewayConfig:
+        """The running config with ``config``'s releases, whose routes must be
+        ones the running upstreams serve (upstreams change only at a restart)."""
+        if config.releases == self.config.releases:
+            return self.config
+        served = set(self.config.routes)
+        errors = [
+            f"{self.loaded.config_path.name}: releases.{release.name}.{arm}: must be a route "
+            "the running upstreams serve (upstreams change only at a restart)"
+            for release in config.releases
+            for arm, route in (("stable", release.stable), ("canary", release.canary))
+            if route not in served
+        ]
+        if errors:
+            raise ConfigError(errors)
+        return self.config.model_copy(update={"releases": config.releases})
 
     async def drain(self, grace_s: float) -> None:
         """SIGTERM: stop admitting, let in-flight requests finish, then end the rest.
@@ -173,6 +207,11 @@ class Runtime:
         await self.table.release_held()
         unwritten = await self.receipts.aclose(self.config.audit.flush_timeout_s)
         log.info("drain: done, %d receipts could not be written", unwritten)
+
+
+def _at_reload(key: str) -> bool:
+    """Whether a changed config key is applied by SIGHUP (else it waits for a restart)."""
+    return key == "releases" or key.startswith(("releases[", "releases."))
 
 
 async def _wait_done(exchanges: list[Exchange], timeout_s: float) -> None:
@@ -228,6 +267,9 @@ async def build_runtime(loaded: Loaded, tracing: Tracing | None = None) -> Runti
     )
     await receipts.start()
     state = open_state(config, os.environ, metrics.state_store_call, metrics.state_store_errors.inc)
+    table.releases = Releases(
+        config.releases, metrics, store=state.releases, replica=config.state.replica
+    )
     evidence = evidence_service(config, state, metrics.leases_active.set)
     try:
         # Clear the temp files and leases a crash left behind.
@@ -278,6 +320,7 @@ async def start_background(runtime: Runtime) -> None:
         )
         await runtime.metrics_listener.start()
     runtime.readiness.start()
+    runtime.table.releases.start()
     runtime.responses.start()
     runtime.background.append(asyncio.create_task(_sweep_expired(runtime), name="evidence-expiry"))
 
@@ -340,6 +383,7 @@ async def close_runtime(runtime: Runtime) -> None:
     steps: list[tuple[str, Callable[[], Awaitable[object]]]] = [
         ("metrics listener", metrics_listener),
         ("readiness", runtime.readiness.aclose),
+        ("releases", runtime.table.releases.aclose),
         ("responses", responses),
         ("cancel confirmations", runtime.table.release_held),
         ("receipts", lambda: runtime.receipts.aclose(flush_s)),

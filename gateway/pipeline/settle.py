@@ -55,6 +55,7 @@ def settle(call: Call, api: Api) -> None:
     facts.disconnected, facts.stalled = exchange.disconnected, exchange.stalled
     facts.shutdown = exchange.shutdown
     record_artifacts(receipt, call.plan, call.records)
+    ttft = None
     if call.dialect is not None and relay is not None:
         report = call.dialect.report()
         facts.finished = relay.state.completed
@@ -71,6 +72,17 @@ def settle(call: Call, api: Api) -> None:
     decision = decide(facts)
     receipt.outcome, receipt.error_code = decision.outcome, decision.error_code
     receipt.cancellation = list(decision.cancellation)
+    resolved = call.resolved
+    if resolved is not None and resolved.release is not None and resolved.arm is not None:
+        # The arm that answered (after a fallback, the second): its count and window (§18).
+        rt.table.releases.settled(
+            resolved.release,
+            resolved.arm,
+            receipt.outcome,
+            receipt.error_code,
+            ttft,
+            reached_worker=call.timings.sent_at is not None,
+        )
     if call.reservation is not None:
         billed = receipt.usage is not None and (call.plan is None or call.plan.bills_tokens)
         used = receipt.usage.total_tokens if billed and receipt.usage is not None else 0

@@ -11,11 +11,16 @@ No ``if endpoint == …`` here: what differs lives in the descriptor
 
 from __future__ import annotations
 
-from gateway.admission import request_weight
+import functools
+from collections.abc import Awaitable
+from typing import Any
+
+from gateway.admission import Permit, request_weight
 from gateway.apis.base import Api, Plan
 from gateway.apis.conversation import MAX_LINKS, PARAM, expand
 from gateway.apis.usage import estimate_prompt_tokens
-from gateway.core.body import check_size
+from gateway.books.receipts import ReleaseMark
+from gateway.core.body import Layout, check_size
 from gateway.core.errors import GatewayError
 from gateway.observe.tracing import NS, step
 from gateway.pipeline.call import Call
@@ -23,20 +28,33 @@ from gateway.pipeline.media import body_layout, lease_records, stage_inline
 from gateway.pipeline.timings import now
 from gateway.pipeline.worker import call_worker
 from gateway.ratelimit import TenantLimits
+from gateway.upstream.table import Resolved, Worker
 
 
 def resolve(call: Call, plan: Plan) -> None:
     """The route's worker, once for the whole request (spec §16): a reload that
-    moves the alias later does not move this request."""
-    resolved = call.rt.table.resolve(call.tenant.policy.models, plan.alias, call.rt.readiness)
-    assert resolved is not None  # the plan checked the alias against this policy
+    moves the alias later does not move this request. A release's arm is the
+    cohort's: the tenant, the credential's subject, or the request id (§18)."""
+    receipt = call.receipt
+    resolved = call.rt.table.resolve(
+        call.tenant.policy.models,
+        plan.alias,
+        call.rt.readiness,
+        tenant=call.tenant.name,
+        subject=receipt.subject,
+        request_id=call.info.request_id,
+    )
+    if resolved is None:
+        # The plan checked the alias against this policy; a reload since removed its release.
+        raise GatewayError("model_not_found", param="model")
     call.resolved = resolved
     worker = resolved.worker
-    receipt = call.receipt
     receipt.model_alias = plan.alias
     receipt.route = resolved.route
     receipt.upstream = worker.name
     receipt.serve_identity = worker.serve_identity
+    if resolved.release is not None and resolved.arm is not None:
+        receipt.release = ReleaseMark(resolved.release, resolved.arm)
     receipt.max_tokens = plan.max_tokens
     receipt.stream = plan.stream
     receipt.dropped_parts = list(plan.dropped_parts)
@@ -82,16 +100,9 @@ async def run(call: Call, api: Api, plan: Plan) -> None:
         )
     call.timings.limits = now() - began
     rate_headers = call.reservation.headers()
-    admission = tenant.policy.admission
     queued_at = now()
     with step(call.info.span, "gateway.admission", {NS + "upstream": worker.name}):
-        call.permit = await worker.admission.acquire(
-            tenant.name,
-            request_weight(tenant.policy.cost, [m.kind for m in plan.media]),
-            share=admission.share,
-            max_permits=admission.max_permits,
-            timeout_s=admission.queue_timeout_s,
-        )
+        call.permit = await _permit(call, worker, plan)
     waited = call.timings.admission = now() - queued_at
     call.receipt.queue_ms = round(waited * 1000, 3)
     rt.metrics.admission_wait.observe(waited)
@@ -103,7 +114,47 @@ async def run(call: Call, api: Api, plan: Plan) -> None:
         call.timings.add_media(now() - began)
         body = body_layout(forward, plan, call.records, staging)
         check_size(body.size, worker.config.max_request_bytes)
-    await call_worker(call, api, plan, body, rate_headers)
+    reroute = None if resolved.other is None else functools.partial(_reroute, call, api, forward)
+    await call_worker(call, api, plan, body, rate_headers, reroute)
+
+
+def _permit(call: Call, worker: Worker, plan: Plan) -> Awaitable[Permit]:
+    """The request's admission permit on ``worker``."""
+    tenant = call.tenant
+    admission = tenant.policy.admission
+    return worker.admission.acquire(
+        tenant.name,
+        request_weight(tenant.policy.cost, [m.kind for m in plan.media]),
+        share=admission.share,
+        max_permits=admission.max_permits,
+        timeout_s=admission.queue_timeout_s,
+    )
+
+
+async def _reroute(call: Call, api: Api, forward: dict[str, Any], other: Resolved) -> Layout:
+    """A release's fallback (spec §18): the body naming the other arm's route,
+    and a permit of its upstream. The first arm's permit goes back before the
+    other's is waited for: a tenant's ``max_permits`` counts across upstreams,
+    and the first worker has no part of the request any more."""
+    plan = call.plan
+    assert plan is not None
+    fresh = api.forward(plan, other.route)
+    # Wherever the descriptor writes the route, the other's; the rest as sent
+    # (a conversation already expanded into it).
+    moved = {**forward, **{key: value for key, value in fresh.items() if value == other.route}}
+    body = body_layout(moved, plan, call.records, call.rt.config.staging)
+    check_size(body.size, other.worker.config.max_request_bytes)
+    permit: Permit | None = call.permit
+    if permit is not None:
+        call.permit = None
+        permit.release()
+    queued_at = now()
+    with step(call.info.span, "gateway.admission", {NS + "upstream": other.worker.name}):
+        call.permit = await _permit(call, other.worker, plan)
+    waited = now() - queued_at
+    call.timings.admission = (call.timings.admission or 0.0) + waited
+    call.receipt.queue_ms = round(call.timings.admission * 1000, 3)
+    return body
 
 
 async def _conversation(call: Call, response_id: str) -> list[tuple[bytes, bytes]]:

@@ -6,9 +6,18 @@ id: before the stream's terminator, before the collected answer. A keep the
 state store refuses is ``state_unavailable``: a non-streaming caller gets the
 503, a stream (its head already sent) ends with one ``event: error`` naming
 it instead of ``[DONE]``.
+
+Fallback (spec §18): when the alias names a release with ``fallback``, a
+connection refused or reset before the worker's response head, or a 5xx
+head, is sent once to the other arm (``reroute``: that arm's body and permit,
+the first permit given back first). Nothing else is retried: not a timeout,
+not a failure after the head. The caller sees one answer; the receipt names
+the arm that answered, and the failed attempt is counted for its own arm.
 """
 
 from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
 
 import orjson
 
@@ -16,6 +25,7 @@ from gateway.apis.base import Api, Plan, StreamBounds
 from gateway.apis.conversation import kept_input
 from gateway.apis.usage import Usage, public_usage, usage_of
 from gateway.books.evidence.encode import BodyProducer
+from gateway.books.receipts import ReleaseMark
 from gateway.core.body import Layout, MediaSlot
 from gateway.core.errors import GatewayError
 from gateway.core.replies import encode_headers
@@ -24,6 +34,7 @@ from gateway.pipeline.call import Call
 from gateway.pipeline.relay import Relay, Timeouts
 from gateway.pipeline.timings import now
 from gateway.upstream.client import UpstreamStream
+from gateway.upstream.table import Resolved
 
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -32,9 +43,87 @@ _SSE_HEADERS = [
 ]
 
 
+#: the other arm's forwarded body, once its permit is held (``steps._reroute``)
+Reroute = Callable[[Resolved], Awaitable[Layout]]
+#: failures before the worker's head that a release's fallback retries once
+_FALLBACK_CODES = frozenset({"upstream_unavailable", "upstream_error"})
+
+
 async def call_worker(
+    call: Call,
+    api: Api,
+    plan: Plan,
+    body: Layout,
+    rate_headers: dict[str, str],
+    reroute: Reroute | None = None,
+) -> None:
+    try:
+        await _attempt(call, api, plan, body, rate_headers)
+    except GatewayError as exc:
+        other = _fallback_arm(call, exc) if reroute is not None else None
+        if reroute is None or other is None:
+            raise
+        _abandon(call, exc)
+        try:
+            body = await reroute(other)
+        except GatewayError:
+            raise exc from None  # no fallback after all: the caller hears the first failure
+        _switch(call, other, exc)
+        await _attempt(call, api, plan, body, rate_headers)
+
+
+def _fallback_arm(call: Call, exc: GatewayError) -> Resolved | None:
+    """The other arm, when this failure may be sent there: refused, reset or
+    5xx before the worker's head (the relay sent nothing yet), the other arm ready."""
+    resolved = call.resolved
+    other = resolved.other if resolved is not None else None
+    if other is None or exc.code not in _FALLBACK_CODES:
+        return None
+    timings, relay = call.timings, call.relay
+    if timings.sent_at is None or timings.head_at is not None:
+        return None
+    if relay is not None and relay.state.headers_sent:
+        return None
+    return other if call.rt.readiness.ready(other.route) else None
+
+
+def _abandon(call: Call, exc: GatewayError) -> None:
+    """Let go of the failed attempt: its worker's live count, its body, its span."""
+    if call.live:
+        call.worker.live -= 1
+        call.live = False
+    if call.producer is not None:
+        call.producer.close()  # kept: a fallback that does not happen leaves its digest
+    if call.worker_span is not None:
+        call.worker_span.end(error=exc.code, failed=True)
+        call.worker_span = None
+
+
+def _switch(call: Call, other: Resolved, exc: GatewayError) -> None:
+    """From now on the request is the other arm's; the failed attempt is counted
+    for its own arm (a canary's fallback is a canary failure in the gate)."""
+    first = call.resolved
+    assert first is not None and first.release is not None and first.arm is not None
+    call.rt.table.releases.settled(
+        first.release, first.arm, exc.outcome, exc.code, None, reached_worker=True
+    )
+    call.resolved = other
+    receipt = call.receipt
+    receipt.route, receipt.upstream = other.route, other.worker.name
+    receipt.serve_identity = other.worker.serve_identity
+    assert other.release is not None and other.arm is not None
+    receipt.release = ReleaseMark(other.release, other.arm, fallback_from=first.arm)
+    timings, producer = call.timings, call.producer
+    if producer is not None and producer.media_s:
+        timings.add_media(producer.media_s)  # the next attempt brings its own producer
+    call.producer = None
+    timings.sent_at = None
+
+
+async def _attempt(
     call: Call, api: Api, plan: Plan, body: Layout, rate_headers: dict[str, str]
 ) -> None:
+    """One worker call: the relay set up for this worker, the body sent, the answer relayed."""
     rt, info, worker = call.rt, call.info, call.worker
     upstream_cfg = worker.config
     bounds = StreamBounds(

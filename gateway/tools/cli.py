@@ -246,6 +246,12 @@ def cmd_receipts(args: argparse.Namespace) -> int:
     return run(args.paths)
 
 
+def cmd_release(args: argparse.Namespace) -> int:
+    from gateway.tools import release_cli
+
+    return release_cli.run(args.release_verb, args.config, args.name, args.percent)
+
+
 def cmd_simulator(args: argparse.Namespace) -> int:
     from gateway.testing.simulator import main as simulator_main
 
@@ -344,6 +350,30 @@ def build_parser() -> argparse.ArgumentParser:
             "paths", nargs="+", metavar="DIR", help="audit directories (or files) to read"
         )
         q.set_defaults(func=cmd_receipts)
+
+    p = verbs.add_parser(
+        "release",
+        help="canary releases across the fleet: status, set, rollback, clear (spec §18)",
+        description="Each acts on every replica through the state store; "
+        "they apply it within 2 s. Exit 1 on an unknown NAME, a percent outside 0-100, "
+        "or a state store that cannot be reached.",
+    )
+    rl = p.add_subparsers(dest="release_verb", required=True)
+    for name, about in (
+        ("status", "JSON: each release's routes, configured and effective percent, state, arms"),
+        ("set", "override the canary percent until `release clear` (stands across SIGHUP)"),
+        ("rollback", "the canary gets nothing, now, until `release clear`"),
+        ("clear", "back to the config's canary_percent"),
+    ):
+        q = rl.add_parser(name, help=about, description=about)
+        q.add_argument("--config", required=True)
+        if name == "status":
+            q.add_argument("name", nargs="?", metavar="NAME", help="one release (default: all)")
+        else:
+            q.add_argument("name", metavar="NAME", help="the release (releases[].name)")
+        if name == "set":
+            q.add_argument("--percent", required=True, metavar="P", help="0-100")
+        q.set_defaults(func=cmd_release, percent=None)
 
     p = verbs.add_parser("demo", help="simulator + gateway + one multimodal request")
     p.add_argument(

@@ -55,6 +55,7 @@ from gateway.config.loader import (
     load_policies,
 )
 from gateway.config.policy import PolicySet
+from gateway.config.releases import RELEASE_PREFIX
 from gateway.core.digests import placeholder_reason
 from gateway.ratelimit.factory import store_password
 
@@ -350,9 +351,12 @@ def _policy_file(directory: Path, tenant: str) -> Path:
 def prefix_cache_warnings(config: GatewayConfig, policies: PolicySet) -> list[Finding]:
     """Routes of a worker with a prefix cache that more than one tenant's policy names."""
     tenants_of: dict[str, set[str]] = {}
+    arms = {RELEASE_PREFIX + r.name: (r.stable, r.canary) for r in config.releases}
     for name, tenant in policies.tenants.items():
-        for route in tenant.policy.models.values():
-            tenants_of.setdefault(route, set()).add(name)
+        for target in tenant.policy.models.values():
+            # A release alias reaches both of its routes (spec §18).
+            for route in arms.get(target, (target,)):
+                tenants_of.setdefault(route, set()).add(name)
     if config.upstreams is not None:
         workers = [(f"upstreams[{i}]", u) for i, u in enumerate(config.upstreams)]
     else:

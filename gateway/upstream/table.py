@@ -7,6 +7,12 @@ its launch identity for receipts. The pipeline resolves a request's route to
 its worker right after planning and carries that worker to the end, so a
 policy reload that moves an alias to another route applies to new requests
 only, while streams in flight finish where they started.
+
+An alias may name a release (``release:<name>``, spec §18): :meth:`RouteTable.resolve`
+then picks the arm of the request's cohort (``gateway/upstream/releases.py``).
+A canary that is not ready takes nothing: its cohorts go to stable, so the
+release is ready exactly when stable is. With ``fallback``, the other arm
+rides along as :attr:`Resolved.other` for one retry before the worker's head.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from gateway.config import GatewayConfig, UpstreamConfig
 from gateway.upstream.client import Upstream
 from gateway.upstream.confirm import MAX_METRICS_BYTES, CancelConfirmer
 from gateway.upstream.launch import serve_identity
+from gateway.upstream.releases import CANARY, STABLE, Release, Releases, other_arm
 
 
 @dataclass(eq=False)
@@ -46,19 +53,27 @@ class RouteReadiness(Protocol):
 @dataclass(frozen=True, slots=True)
 class Resolved:
     """Where one request goes: its alias's route, that route's worker, and
-    whether the route may take traffic now."""
+    whether the route may take traffic now; for a release, its name, the arm
+    and (with ``fallback``) the other arm to try once."""
 
     alias: str
     route: str
     worker: Worker
     ready: bool
+    release: str | None = None
+    arm: str | None = None
+    other: Resolved | None = None
 
 
 class RouteTable:
-    def __init__(self, workers: list[Worker], admissions: AdmissionGroup) -> None:
+    def __init__(
+        self, workers: list[Worker], admissions: AdmissionGroup, releases: Releases | None = None
+    ) -> None:
         self.workers = {w.name: w for w in workers}
         self.admissions = admissions
         self._by_route = {route: w for w in workers for route in w.config.served_routes}
+        #: the configured releases; the runtime replaces it with one wired to the store
+        self.releases = releases if releases is not None else Releases()
 
     @classmethod
     def build(cls, config: GatewayConfig, admissions: AdmissionGroup) -> RouteTable:
@@ -84,16 +99,60 @@ class RouteTable:
         """The worker of a configured route (policy routes are checked at load)."""
         return self._by_route[route]
 
+    def readiness_route(self, policy_route: str) -> str:
+        """The route whose readiness answers for what a policy names: a release's
+        stable route (its canary only takes traffic when ready), else the route."""
+        release = self.releases.for_route(policy_route)
+        return policy_route if release is None else release.config.stable
+
     def resolve(
-        self, models: Mapping[str, str], alias: str, readiness: RouteReadiness
+        self,
+        models: Mapping[str, str],
+        alias: str,
+        readiness: RouteReadiness,
+        *,
+        tenant: str = "",
+        subject: str = "",
+        request_id: str = "",
     ) -> Resolved | None:
-        """The one route resolver (spec §16): a tenant's alias -> its route and
-        worker, once per request; None when the policy no longer names the alias.
-        Every caller that reaches a worker for an alias asks here."""
+        """The one route resolver (spec §16, §18): a tenant's alias -> its route
+        and worker, once per request; None when the policy no longer names the
+        alias (or the release it names). Every caller that reaches a worker for
+        an alias asks here. ``tenant``, ``subject`` and ``request_id`` are the
+        cohort inputs of a release."""
         route = models.get(alias)
         if route is None:
             return None
-        return Resolved(alias, route, self._by_route[route], readiness.ready(route))
+        worker = self._by_route.get(route)
+        if worker is not None:  # a plain route: no more work than one lookup
+            return Resolved(alias, route, worker, readiness.ready(route))
+        release = self.releases.for_route(route)
+        if release is None:
+            return None
+        return self._arm(alias, release, readiness, release.assign(tenant, subject, request_id))
+
+    def _arm(self, alias: str, release: Release, readiness: RouteReadiness, arm: str) -> Resolved:
+        config = release.config
+        stable, canary = config.stable, config.canary
+        canary_ready = (arm == CANARY or config.fallback) and readiness.ready(canary)
+        if arm == CANARY and not canary_ready:
+            arm = STABLE  # the canary gets nothing until its route is ready (and probed)
+        if arm == CANARY:
+            route, ready, other_route = canary, True, stable
+        else:
+            route, ready, other_route = stable, readiness.ready(stable), canary
+        other = None
+        if config.fallback:
+            other_ready = canary_ready if arm == STABLE else readiness.ready(stable)
+            other = Resolved(
+                alias,
+                other_route,
+                self._by_route[other_route],
+                other_ready,
+                config.name,
+                other_arm(arm),
+            )
+        return Resolved(alias, route, self._by_route[route], ready, config.name, arm, other)
 
     def confirm_cancels(
         self,

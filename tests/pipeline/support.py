@@ -314,3 +314,14 @@ def make_call(
         media=cast(RequestMedia, media or FakeMedia()),
         timings=Timings(started),
     )
+
+
+async def run_steps(call: Call) -> None:
+    """The planned call's steps, resolve then run, as the edge takes them (chat)."""
+    from gateway.apis.chat import ChatApi
+    from gateway.pipeline import steps
+
+    assert call.plan is not None
+    steps.resolve(call, call.plan)
+    async with asyncio.timeout(5):
+        await steps.run(call, ChatApi(), call.plan)

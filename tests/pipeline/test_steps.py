@@ -39,6 +39,7 @@ from tests.pipeline.support import (
     make_call,
     make_tenant,
     record,
+    run_steps,
     sse_fixture,
 )
 
@@ -133,11 +134,7 @@ async def rig() -> AsyncIterator[_Rig]:
         yield built
 
 
-async def _run(call: Call) -> None:
-    assert call.plan is not None
-    steps.resolve(call, call.plan)
-    async with asyncio.timeout(5):
-        await steps.run(call, API, call.plan)
+_run = run_steps
 
 
 # -- resolve -----------------------------------------------------------------------

@@ -525,3 +525,68 @@ def test_a_postgres_state_needs_its_dsn_env_and_never_shows_it(tmp_path: Path) -
     wrong = "mysql://gateway:hunter2-secret@db.internal/gateway"
     (finding,) = _findings(config, {**ENV, "STATE_DSN": wrong})
     assert "hunter2" not in str(finding) and "db.internal" not in str(finding)
+
+
+# ------------------------------------------------ releases (spec §18)
+
+
+def test_check_names_a_policy_alias_of_an_unknown_release(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stable, canary = f"/srv/mosaic-models/{_CHAT}", f"/srv/mosaic-models/{_EMBED}"
+    config = write_config(
+        tmp_path,
+        upstream_port=1234,
+        policies={
+            "acme": default_policy("acme", models={"chat": "release:chat"}),
+            "globex": default_policy("globex", models={"chat": "release:chta"}),
+        },
+        issuers=issuers(),
+        upstreams=[
+            {"name": "old", "base_url": "http://127.0.0.1:1234", "routes": [stable]},
+            {"name": "new", "base_url": "http://127.0.0.1:1235", "routes": [canary]},
+        ],
+        releases=[{"name": "chat", "stable": stable, "canary": canary, "canary_percent": 5}],
+    )
+    assert main(["check", "--config", str(config)]) == 1
+    err = capsys.readouterr().err
+    assert (
+        f"{tmp_path / 'policies' / 'globex.yaml'}: models.chat: must name a configured release"
+        in err
+    )
+    assert "acme.yaml" not in err, "the configured release is no problem"
+    (tmp_path / "policies" / "globex.yaml").unlink()
+    assert main(["check", "--config", str(config)]) == 0
+
+
+def test_a_release_alias_shares_both_of_its_routes_caches(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    chat, embed = f"/srv/mosaic-models/{_CHAT}", f"/srv/mosaic-models/{_EMBED}"
+    config = write_config(
+        tmp_path,
+        upstream_port=1234,
+        policies={
+            "acme": default_policy("acme", models={"chat": "release:chat"}),
+            "globex": default_policy("globex", models={"other": embed}),
+        },
+        issuers=issuers(),
+        upstreams=[
+            {
+                "name": "old",
+                "base_url": "http://127.0.0.1:1234",
+                "routes": [chat],
+                "launch": _launch(_CHAT, 1234, 8),
+            },
+            {
+                "name": "new",
+                "base_url": "http://127.0.0.1:1235",
+                "routes": [embed],
+                "launch": _launch(_EMBED, 1235, 8),
+            },
+        ],
+        releases=[{"name": "chat", "stable": chat, "canary": embed, "canary_percent": 5}],
+    )
+    # globex names the canary's route directly; acme reaches it through the release.
+    warned = _prefix_warnings(config, capsys)
+    assert len(warned) == 1 and "upstreams[1]" in warned[0] and "tenants acme, globex:" in warned[0]

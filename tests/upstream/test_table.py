@@ -11,9 +11,11 @@ import pytest
 
 from gateway.admission import AdmissionGroup
 from gateway.config import GatewayConfig
+from gateway.config.releases import ReleaseConfig
 from gateway.upstream.client import Upstream
 from gateway.upstream.launch import serve_identity
-from gateway.upstream.table import RouteTable, capacities
+from gateway.upstream.releases import CANARY, STABLE, Releases
+from gateway.upstream.table import Resolved, RouteTable, capacities
 from tests.upstream.test_launch import LAUNCH
 
 CHAT_A, CHAT_B, EMBED = "/srv/models/chat-a", "/srv/models/chat-b", "/srv/models/embed"
@@ -178,6 +180,82 @@ async def test_resolved_is_immutable(table: RouteTable) -> None:
     assert resolved is not None and resolved.ready is False
     with pytest.raises(AttributeError):
         resolved.ready = True  # type: ignore[misc]
+
+
+# -- releases (spec §18) -----------------------------------------------------------
+
+
+def _with_release(**release: Any) -> RouteTable:
+    """A table whose ``chat`` release runs chat-a (stable) against embed's worker (canary)."""
+    config = _two_workers()
+    fields: dict[str, Any] = {"name": "chat", "stable": CHAT_A, "canary": EMBED}
+    fields.update(release)
+    table = RouteTable.build(config, AdmissionGroup(capacities(config), 16))
+    table.releases = Releases([ReleaseConfig.model_validate(fields)])
+    return table
+
+
+RELEASED = {"chat": "release:chat", "plain": CHAT_B}
+
+
+def _arm_of(table: RouteTable, readiness: _Readiness, subject: str) -> Resolved:
+    resolved = table.resolve(RELEASED, "chat", readiness, tenant="acme", subject=subject)
+    assert resolved is not None
+    return resolved
+
+
+async def test_a_release_alias_resolves_to_its_cohorts_arm() -> None:
+    table = _with_release(canary_percent=50)
+    readiness = _Readiness(CHAT_A, EMBED)
+    arms = {}
+    for i in range(40):
+        resolved = _arm_of(table, readiness, f"user-{i}")
+        expected = table.releases.assign("chat", "acme", f"user-{i}", "")
+        assert (resolved.release, resolved.arm) == ("chat", expected)
+        assert resolved.route == (EMBED if expected == CANARY else CHAT_A)
+        assert resolved.worker is table.workers["embed" if expected == CANARY else "chat"]
+        assert resolved.ready
+        other = resolved.other
+        assert other is not None and other.arm != resolved.arm and other.other is None
+        assert other.route == (CHAT_A if expected == CANARY else EMBED)
+        arms[expected] = True
+    assert sorted(arms) == [CANARY, STABLE]
+    await table.aclose()
+
+
+async def test_an_unready_canary_sends_its_cohorts_to_stable() -> None:
+    table = _with_release(canary_percent=100)
+    resolved = _arm_of(table, _Readiness(CHAT_A), "user-1")
+    assert (resolved.arm, resolved.route, resolved.ready) == (STABLE, CHAT_A, True)
+    assert resolved.other is not None and resolved.other.ready is False
+    # The release is not ready when stable is not, whatever the canary says.
+    resolved = _arm_of(table, _Readiness(EMBED), "user-1")
+    assert (resolved.arm, resolved.ready) == (CANARY, True)
+    stable_cohort = _with_release(canary_percent=0)
+    assert _arm_of(stable_cohort, _Readiness(EMBED), "user-1").ready is False
+    await table.aclose()
+    await stable_cohort.aclose()
+
+
+async def test_without_fallback_there_is_no_other_arm() -> None:
+    table = _with_release(canary_percent=50, fallback=False)
+    readiness = _Readiness(CHAT_A, EMBED)
+    assert all(_arm_of(table, readiness, f"u{i}").other is None for i in range(20))
+    await table.aclose()
+
+
+async def test_plain_routes_resolve_as_before_beside_a_release() -> None:
+    table = _with_release(canary_percent=50)
+    readiness = _Readiness(CHAT_B)
+    plain = table.resolve(RELEASED, "plain", readiness, tenant="acme", subject="u")
+    assert plain is not None and (plain.route, plain.release, plain.arm) == (CHAT_B, None, None)
+    assert plain.other is None and readiness.asked == [CHAT_B]
+    assert table.readiness_route("release:chat") == CHAT_A
+    assert table.readiness_route(CHAT_B) == CHAT_B
+    # A release a reload removed resolves to nothing.
+    table.releases.configure([])
+    assert table.resolve(RELEASED, "chat", readiness, tenant="acme", subject="u") is None
+    await table.aclose()
 
 
 async def test_aclose_closes_every_workers_client() -> None:

@@ -3,14 +3,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gateway.books.evidence.catalog import Catalog
 from gateway.books.evidence.service import RESERVE_SUFFIX, EvidenceService
 from gateway.books.evidence.store import EvidenceStore
-from gateway.books.protocols import EvidenceCatalog, ResponseStore
+from gateway.books.protocols import EvidenceCatalog, ReleaseStore, ResponseStore
+from gateway.books.sqlite_releases import SqliteReleaseStore
 from gateway.books.sqlite_responses import SqliteResponseStore
 from gateway.books.state.calls import StateCalls
 from gateway.books.state.sqlite import SqliteCatalog
@@ -29,11 +30,18 @@ def evidence_lease_s(config: GatewayConfig) -> float:
 class State:
     catalog: EvidenceCatalog
     responses: ResponseStore
+    #: release decisions and the arms' figures (spec §18)
+    releases: ReleaseStore
     calls: StateCalls
     #: other replicas share it (their leases, temps and responses are theirs)
     shared: bool
+    #: closes what the books above hold that their protocols do not close
+    #: (``ReleaseStore`` has no ``close``: a runtime's fake needs none)
+    closers: tuple[Callable[[], Awaitable[None]], ...] = field(default=())
 
     async def close(self) -> None:
+        for close in self.closers:
+            await close()
         await self.responses.close()
         await self.catalog.close()
 
@@ -50,17 +58,25 @@ def open_state(
     if state.backend == "postgres":
         # Imported here: a SQLite-only install never loads the driver.
         from gateway.books.state.pg_evidence import PgCatalog
+        from gateway.books.state.pg_releases import PgReleaseStore
         from gateway.books.state.pg_responses import PgResponseStore
         from gateway.books.state.postgres import PgPool, dsn_from
 
         calls = StateCalls(state.timeout_s, observe, on_error)
         pool = PgPool(dsn_from(env, state.dsn_env), state.timeout_s)
         return State(
-            PgCatalog(pool, calls, state.replica), PgResponseStore(pool, calls), calls, True
+            PgCatalog(pool, calls, state.replica),
+            PgResponseStore(pool, calls),
+            PgReleaseStore(pool, calls),
+            calls,
+            True,
         )
     calls = StateCalls(None, observe, on_error)
     path = Path(config.staging.catalog)
-    return State(SqliteCatalog(Catalog(path), calls), SqliteResponseStore(path), calls, False)
+    catalog = SqliteCatalog(Catalog(path), calls)
+    responses = SqliteResponseStore(path)
+    releases = SqliteReleaseStore(path)
+    return State(catalog, responses, releases, calls, False, closers=(releases.close,))
 
 
 def evidence_service(

@@ -62,6 +62,25 @@ STEPS: tuple[str, ...] = (
     CREATE INDEX kept_responses_age ON kept_responses (tenant, created);
     CREATE INDEX kept_responses_expires ON kept_responses (expires);
     """,
+    # 2: release decisions and the arms' figures each replica publishes (spec §18)
+    """
+    CREATE TABLE release_decisions (
+        name TEXT PRIMARY KEY,
+        state TEXT NOT NULL CHECK (state IN ('override', 'rolled_back')),
+        percent DOUBLE PRECISION NOT NULL CHECK (percent >= 0 AND percent <= 100),
+        updated DOUBLE PRECISION NOT NULL
+    );
+    CREATE TABLE release_figures (
+        name TEXT NOT NULL,
+        replica TEXT NOT NULL,
+        arm TEXT NOT NULL,
+        requests BIGINT NOT NULL,
+        failures BIGINT NOT NULL,
+        ttft_p95_ms DOUBLE PRECISION,
+        updated DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (name, replica, arm)
+    );
+    """,
 )
 
 
