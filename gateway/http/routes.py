@@ -10,6 +10,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from gateway.config.releases import RELEASE_PREFIX
 from gateway.core.errors import GatewayError
 from gateway.http.asgi import info_of, runtime_of, send_error, send_json, tenant_for
 from gateway.observe.exposition import exposition_of
@@ -32,8 +33,10 @@ async def models(scope: Scope, receive: Receive, send: Send) -> None:
         return
     entries = {}
     for name, route in sorted(tenant.policy.models.items()):
-        # A release's alias shows its stable route's state (spec §18).
-        state = rt.readiness.state(rt.table.readiness_route(route))
+        if route.startswith(RELEASE_PREFIX):
+            # A release's alias shows its stable route's state (spec §18).
+            route = rt.table.readiness_route(route)
+        state = rt.readiness.state(route)
         entries[name] = {
             "id": name,
             "object": "model",
