@@ -11,7 +11,9 @@ Theory of operation:
 - A conversation is one recursive query from the named response back through
   ``previous_id``, bounded by ``max_links``, every link live and the tenant's.
 - ``keep`` writes the rows and applies each tenant's byte bound in one
-  transaction: newest first, a running total, whatever passes the bound goes
+  transaction. What each tenant keeps is counted in ``kept_usage`` as rows
+  come and go, so the bound is checked in O(1); only past it are the
+  tenant's rows read and its oldest forgotten until it is within the bound
   (the same rule as the PostgreSQL store, ``gateway/books/state/pg_responses.py``).
 """
 
@@ -46,6 +48,12 @@ _STEPS: tuple[str, ...] = (
     CREATE INDEX IF NOT EXISTS kept_responses_age ON kept_responses (tenant, created);
     CREATE INDEX IF NOT EXISTS kept_responses_expires ON kept_responses (expires);
     """,
+    # 2: what each tenant keeps, counted as it changes (a keep checks its bound in O(1))
+    """
+    CREATE TABLE IF NOT EXISTS kept_usage (tenant TEXT PRIMARY KEY, bytes INTEGER NOT NULL);
+    INSERT OR REPLACE INTO kept_usage (tenant, bytes)
+        SELECT tenant, SUM(size) FROM kept_responses GROUP BY tenant;
+    """,
 )
 
 # Statements are literal text: values go only through placeholders.
@@ -53,16 +61,22 @@ _COLUMNS = (
     "tenant, id, alias, created, expires, previous_id, input_items, output_items, body, upstream_id"
 )
 _INSERT = (
-    f"INSERT OR REPLACE INTO kept_responses ({_COLUMNS}, size) "  # noqa: S608 - constant text
+    f"INSERT INTO kept_responses ({_COLUMNS}, size) "  # noqa: S608 - constant text
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
-# Newest first, a running total: whatever passes the bound goes.
-_BOUND = (
+_DROP = "DELETE FROM kept_responses WHERE tenant = ? AND id = ? RETURNING size"
+#: add to the tenant's count; what it keeps now
+_COUNT = (
+    "INSERT INTO kept_usage (tenant, bytes) VALUES (?, ?) "
+    "ON CONFLICT (tenant) DO UPDATE SET bytes = bytes + excluded.bytes RETURNING bytes"
+)
+#: the tenant's oldest rows until at least the excess is gone; their sizes
+_FORGET_OLDEST = (
     "DELETE FROM kept_responses WHERE tenant = ? AND id IN ("
     " SELECT id FROM ("
-    "  SELECT id, SUM(size) OVER (ORDER BY created DESC, id DESC) AS running"
+    "  SELECT id, SUM(size) OVER (ORDER BY created, id) - size AS before"
     "  FROM kept_responses WHERE tenant = ?"
-    " ) WHERE running > ?)"
+    " ) WHERE before < ?) RETURNING size"
 )
 _GET = (
     f"SELECT {_COLUMNS} FROM kept_responses "  # noqa: S608 - constant text
@@ -105,27 +119,35 @@ class SqliteResponseStore:
     # -- the protocol ---------------------------------------------------------
 
     async def keep(self, rows: Sequence[KeptResponse], max_bytes: Mapping[str, int]) -> None:
-        values = [
-            (
-                r.tenant,
-                r.id,
-                r.alias,
-                r.created,
-                r.expires,
-                r.previous_id,
-                r.input_items,
-                r.output_items,
-                r.body,
-                r.upstream_id,
-                r.size,
-            )
-            for r in rows
-        ]
-        bounds = [(t, t, max_bytes[t]) for t in sorted({r.tenant for r in rows} & set(max_bytes))]
-
         def work(conn: sqlite3.Connection) -> None:
-            conn.executemany(_INSERT, values)
-            conn.executemany(_BOUND, bounds)
+            delta: dict[str, int] = {}
+            for r in rows:
+                # A row kept again replaces the old one, whose bytes leave the count.
+                old = conn.execute(_DROP, (r.tenant, r.id)).fetchone()
+                conn.execute(
+                    _INSERT,
+                    (
+                        r.tenant,
+                        r.id,
+                        r.alias,
+                        r.created,
+                        r.expires,
+                        r.previous_id,
+                        r.input_items,
+                        r.output_items,
+                        r.body,
+                        r.upstream_id,
+                        r.size,
+                    ),
+                )
+                delta[r.tenant] = delta.get(r.tenant, 0) + r.size - (old[0] if old else 0)
+            for tenant in sorted(delta):
+                used = int(conn.execute(_COUNT, (tenant, delta[tenant])).fetchone()[0])
+                bound = max_bytes.get(tenant)
+                if bound is not None and used > bound:
+                    # Rare: only now are the tenant's rows read, oldest first.
+                    freed = conn.execute(_FORGET_OLDEST, (tenant, tenant, used - bound))
+                    conn.execute(_COUNT, (tenant, -sum(row[0] for row in freed)))
 
         await self._file.write(work)
 
@@ -149,17 +171,23 @@ class SqliteResponseStore:
 
     async def forget(self, tenant: str, response_id: str) -> bool:
         def work(conn: sqlite3.Connection) -> bool:
-            cursor = conn.execute(
-                "DELETE FROM kept_responses WHERE tenant = ? AND id = ?", (tenant, response_id)
-            )
-            return cursor.rowcount > 0
+            row = conn.execute(_DROP, (tenant, response_id)).fetchone()
+            if row is not None:
+                conn.execute(_COUNT, (tenant, -int(row[0])))
+            return row is not None
 
         return await self._file.write(work)
 
     async def expire(self, now: float) -> int:
         def work(conn: sqlite3.Connection) -> int:
-            cursor = conn.execute("DELETE FROM kept_responses WHERE expires <= ?", (int(now),))
-            return cursor.rowcount
+            gone = conn.execute(
+                "DELETE FROM kept_responses WHERE expires <= ? RETURNING tenant, size", (int(now),)
+            ).fetchall()
+            freed: dict[str, int] = {}
+            for tenant, size in gone:
+                freed[tenant] = freed.get(tenant, 0) + int(size)
+            conn.executemany(_COUNT, [(t, -b) for t, b in sorted(freed.items())])
+            return len(gone)
 
         return await self._file.write(work)
 

@@ -3,8 +3,10 @@ replica (spec §17): a follow-up through any replica, or after any worker
 restart, finds the whole conversation.
 
 A conversation is read in one round trip (a recursive query from the named
-response back through ``previous_id``); the per-tenant byte bound is applied
-in the transaction that keeps the new rows, newest kept first.
+response back through ``previous_id``). What each tenant keeps is counted in
+``kept_usage`` as rows come and go, in the same transactions, so a keep
+checks the tenant's byte bound in O(1); only past it are the tenant's rows
+read, and its oldest forgotten until it is within the bound again.
 """
 
 from __future__ import annotations
@@ -19,6 +21,29 @@ from gateway.books.state.postgres import PgPool
 
 _COLUMNS = (
     "tenant, id, alias, created, expires, previous_id, input_items, output_items, body, upstream_id"
+)
+
+
+_INSERT = (
+    f"INSERT INTO kept_responses ({_COLUMNS}, size) "  # noqa: S608 - constant text
+    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+)
+_DROP = "DELETE FROM kept_responses WHERE tenant = $1 AND id = $2 RETURNING size"
+#: add to the tenant's count; what it keeps now
+_COUNT = (
+    "INSERT INTO kept_usage (tenant, bytes) VALUES ($1, $2) "
+    "ON CONFLICT (tenant) DO UPDATE SET bytes = kept_usage.bytes + EXCLUDED.bytes "
+    "RETURNING bytes"
+)
+#: the tenant's oldest rows until at least $2 bytes are gone; the bytes freed
+_FORGET_OLDEST = (
+    "WITH o AS ("
+    " SELECT id, sum(size) OVER (ORDER BY created, id) - size AS before"
+    " FROM kept_responses WHERE tenant = $1"
+    "), gone AS ("
+    " DELETE FROM kept_responses k USING o"
+    " WHERE k.tenant = $1 AND k.id = o.id AND o.before < $2 RETURNING k.size"
+    ") SELECT coalesce(sum(size), 0) FROM gone"
 )
 
 
@@ -47,41 +72,32 @@ class PgResponseStore:
     async def keep(self, rows: Sequence[KeptResponse], max_bytes: Mapping[str, int]) -> None:
         async def work() -> None:
             async with self._pool.transaction() as conn:
-                await conn.executemany(
-                    f"INSERT INTO kept_responses ({_COLUMNS}, size) "  # noqa: S608
-                    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) "
-                    "ON CONFLICT (tenant, id) DO UPDATE SET alias = EXCLUDED.alias, "
-                    "created = EXCLUDED.created, expires = EXCLUDED.expires, "
-                    "previous_id = EXCLUDED.previous_id, input_items = EXCLUDED.input_items, "
-                    "output_items = EXCLUDED.output_items, body = EXCLUDED.body, "
-                    "upstream_id = EXCLUDED.upstream_id, size = EXCLUDED.size",
-                    [
-                        (
-                            r.tenant,
-                            r.id,
-                            r.alias,
-                            r.created,
-                            r.expires,
-                            r.previous_id,
-                            r.input_items,
-                            r.output_items,
-                            r.body,
-                            r.upstream_id,
-                            r.size,
-                        )
-                        for r in rows
-                    ],
-                )
-                for tenant in sorted({r.tenant for r in rows} & set(max_bytes)):
-                    # Newest first, a running total: whatever passes the bound goes.
+                delta: dict[str, int] = {}
+                for r in rows:
+                    # A row kept again replaces the old one, whose bytes leave the count.
+                    old = await conn.fetchval(_DROP, r.tenant, r.id)
                     await conn.execute(
-                        "DELETE FROM kept_responses k USING ("
-                        "  SELECT id, sum(size) OVER (ORDER BY created DESC, id DESC) AS running"
-                        "  FROM kept_responses WHERE tenant = $1"
-                        ") o WHERE k.tenant = $1 AND k.id = o.id AND o.running > $2",
-                        tenant,
-                        max_bytes[tenant],
+                        _INSERT,
+                        r.tenant,
+                        r.id,
+                        r.alias,
+                        r.created,
+                        r.expires,
+                        r.previous_id,
+                        r.input_items,
+                        r.output_items,
+                        r.body,
+                        r.upstream_id,
+                        r.size,
                     )
+                    delta[r.tenant] = delta.get(r.tenant, 0) + r.size - (old or 0)
+                for tenant in sorted(delta):
+                    used = int(await conn.fetchval(_COUNT, tenant, delta[tenant]))
+                    bound = max_bytes.get(tenant)
+                    if bound is not None and used > bound:
+                        # Rare: only now are the tenant's rows read, oldest first.
+                        freed = await conn.fetchval(_FORGET_OLDEST, tenant, used - bound)
+                        await conn.execute(_COUNT, tenant, -int(freed or 0))
 
         await self._calls.run("keep_responses", work())
 
@@ -126,26 +142,29 @@ class PgResponseStore:
         return [_kept(r) for r in await self._calls.run("chain", work())]
 
     async def forget(self, tenant: str, response_id: str) -> bool:
-        async def work() -> str:
-            async with self._pool.connection() as conn:
-                return str(
-                    await conn.execute(
-                        "DELETE FROM kept_responses WHERE tenant = $1 AND id = $2",
-                        tenant,
-                        response_id,
-                    )
-                )
+        async def work() -> bool:
+            async with self._pool.transaction() as conn:
+                size = await conn.fetchval(_DROP, tenant, response_id)
+                if size is not None:
+                    await conn.execute(_COUNT, tenant, -int(size))
+                return size is not None
 
-        return await self._calls.run("forget_response", work()) != "DELETE 0"
+        return await self._calls.run("forget_response", work())
 
     async def expire(self, now: float) -> int:
-        async def work() -> str:
-            async with self._pool.connection() as conn:
-                return str(
-                    await conn.execute("DELETE FROM kept_responses WHERE expires <= $1", int(now))
+        async def work() -> int:
+            async with self._pool.transaction() as conn:
+                gone = await conn.fetch(
+                    "WITH gone AS (DELETE FROM kept_responses WHERE expires <= $1"
+                    " RETURNING tenant, size) SELECT tenant, count(*) AS n, sum(size) AS bytes"
+                    " FROM gone GROUP BY tenant",
+                    int(now),
                 )
+                for row in gone:
+                    await conn.execute(_COUNT, row["tenant"], -int(row["bytes"]))
+                return sum(int(row["n"]) for row in gone)
 
-        return int((await self._calls.run("expire_responses", work())).split()[-1])
+        return await self._calls.run("expire_responses", work())
 
     async def close(self) -> None:
         # The pool is the catalog's too: whoever owns the state closes it once.

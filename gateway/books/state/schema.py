@@ -81,6 +81,16 @@ STEPS: tuple[str, ...] = (
         PRIMARY KEY (name, replica, arm)
     );
     """,
+    # 3: what each tenant keeps, counted as it changes: a keep checks its
+    # tenant's bound in O(1) instead of summing every row it keeps
+    """
+    CREATE TABLE kept_usage (
+        tenant TEXT PRIMARY KEY,
+        bytes BIGINT NOT NULL
+    );
+    INSERT INTO kept_usage (tenant, bytes)
+        SELECT tenant, sum(size) FROM kept_responses GROUP BY tenant;
+    """,
 )
 
 

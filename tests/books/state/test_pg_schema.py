@@ -16,7 +16,14 @@ from gateway.books.state.schema import STEPS, migrate
 from gateway.core.errors import GatewayError
 from tests.support.postgres import PostgresServer, database_name
 
-TABLES = ("evidence_records", "evidence_leases", "kept_responses")
+TABLES = (
+    "evidence_records",
+    "evidence_leases",
+    "kept_responses",
+    "release_decisions",
+    "release_figures",
+    "kept_usage",
+)
 
 
 async def versions(dsn: str) -> list[int]:

@@ -1,5 +1,6 @@
-"""The SQLite response store: kept rows, conversations read back in one query,
-each tenant's byte bound oldest first, expiry, and every SQLite failure as
+"""The response stores, SQLite and PostgreSQL on one contract: kept rows,
+conversations read back in one query, each tenant's byte bound oldest first
+(counted as rows come and go), expiry; and every SQLite failure as
 ``state_unavailable``."""
 
 from __future__ import annotations
@@ -11,8 +12,11 @@ from pathlib import Path
 import pytest
 
 from gateway.books.evidence.catalog import Catalog
-from gateway.books.protocols import KeptResponse
+from gateway.books.protocols import KeptResponse, ResponseStore
 from gateway.books.sqlite_responses import SqliteResponseStore
+from gateway.books.state.calls import StateCalls
+from gateway.books.state.pg_responses import PgResponseStore
+from gateway.books.state.postgres import PgPool
 from gateway.core.errors import GatewayError
 
 NOW = 1_000_000.0
@@ -43,7 +47,7 @@ def row(
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[SqliteResponseStore]:
+async def sqlite_store(tmp_path: Path) -> AsyncIterator[SqliteResponseStore]:
     opened = SqliteResponseStore(tmp_path / "catalog.sqlite3")
     try:
         yield opened
@@ -51,7 +55,42 @@ async def store(tmp_path: Path) -> AsyncIterator[SqliteResponseStore]:
         await opened.close()
 
 
-async def keep_chain(store: SqliteResponseStore, length: int, tenant: str = "acme") -> None:
+@pytest.fixture(params=["sqlite", "postgres"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[ResponseStore]:
+    """The protocol's contract holds on both backends (spec §17)."""
+    if request.param == "sqlite":
+        opened: ResponseStore = SqliteResponseStore(tmp_path / "catalog.sqlite3")
+        pool = None
+    else:
+        dsn = request.getfixturevalue("postgres_dsn")
+        pool = PgPool(dsn, 5.0)
+        opened = PgResponseStore(pool, StateCalls(5.0))
+    try:
+        yield opened
+    finally:
+        await opened.close()
+        if pool is not None:
+            await pool.close()
+
+
+async def test_the_count_follows_every_change(store: ResponseStore) -> None:
+    """Keeps, replacements, forgets and expiry move the tenant's count; the bound
+    then holds exactly at the edge (a row of exactly what is left fits)."""
+    size = row("resp_x", size=100).size
+    await store.keep([row(f"resp_{i}", created=NOW + i, size=100) for i in range(3)], {})
+    await store.keep([row("resp_1", created=NOW + 1, size=100)], {})  # replaced, not added
+    assert await store.forget("acme", "resp_0")
+    assert not await store.forget("acme", "resp_0")
+    await store.keep([row("resp_old", created=NOW - 5, expires=int(NOW) + 1, size=100)], {})
+    assert await store.expire(NOW + 2) == 1
+    # resp_1 and resp_2 are left: two rows' worth. One more fits a bound of three.
+    await store.keep([row("resp_3", created=NOW + 3, size=100)], {"acme": 3 * size})
+    assert [i for i in range(4) if await store.get("acme", f"resp_{i}", NOW)] == [1, 2, 3]
+    await store.keep([row("resp_4", created=NOW + 4, size=100)], {"acme": 3 * size})
+    assert [i for i in range(5) if await store.get("acme", f"resp_{i}", NOW)] == [2, 3, 4]
+
+
+async def keep_chain(store: ResponseStore, length: int, tenant: str = "acme") -> None:
     rows, previous = [], None
     for i in range(length):
         rows.append(row(f"resp_{i}", tenant=tenant, previous=previous, created=NOW + i))
@@ -59,7 +98,7 @@ async def keep_chain(store: SqliteResponseStore, length: int, tenant: str = "acm
     await store.keep(rows, {})
 
 
-async def test_a_kept_row_is_the_tenants_until_it_expires(store: SqliteResponseStore) -> None:
+async def test_a_kept_row_is_the_tenants_until_it_expires(store: ResponseStore) -> None:
     kept = row("resp_a")
     await store.keep([kept], {"acme": 1 << 20})
     assert await store.get("acme", "resp_a", NOW) == kept
@@ -67,14 +106,14 @@ async def test_a_kept_row_is_the_tenants_until_it_expires(store: SqliteResponseS
     assert await store.get("acme", "resp_a", kept.expires) is None, "invisible once expired"
 
 
-async def test_a_row_of_the_same_id_replaces_the_old_one(store: SqliteResponseStore) -> None:
+async def test_a_row_of_the_same_id_replaces_the_old_one(store: ResponseStore) -> None:
     await store.keep([row("resp_a", body=b"1")], {})
     await store.keep([row("resp_a", body=None)], {})
     found = await store.get("acme", "resp_a", NOW)
     assert found is not None and found.body is None
 
 
-async def test_a_chain_is_read_oldest_first(store: SqliteResponseStore) -> None:
+async def test_a_chain_is_read_oldest_first(store: ResponseStore) -> None:
     await keep_chain(store, 4)
     chain = await store.chain("acme", "resp_3", NOW, 100)
     assert [r.id for r in chain] == ["resp_0", "resp_1", "resp_2", "resp_3"]
@@ -83,14 +122,14 @@ async def test_a_chain_is_read_oldest_first(store: SqliteResponseStore) -> None:
     assert await store.chain("acme", "resp_9", NOW, 100) == []
 
 
-async def test_a_chain_is_bounded_by_max_links(store: SqliteResponseStore) -> None:
+async def test_a_chain_is_bounded_by_max_links(store: ResponseStore) -> None:
     await keep_chain(store, 5)
     chain = await store.chain("acme", "resp_4", NOW, 2)
     assert [r.id for r in chain] == ["resp_3", "resp_4"]
     assert chain[0].previous_id == "resp_2", "cut: an earlier link exists past the bound"
 
 
-async def test_a_broken_chain_ends_where_a_link_is_gone(store: SqliteResponseStore) -> None:
+async def test_a_broken_chain_ends_where_a_link_is_gone(store: ResponseStore) -> None:
     await keep_chain(store, 4)
     assert await store.forget("acme", "resp_1") is True
     assert await store.forget("acme", "resp_1") is False
@@ -99,7 +138,7 @@ async def test_a_broken_chain_ends_where_a_link_is_gone(store: SqliteResponseSto
     assert chain[0].previous_id == "resp_1"
 
 
-async def test_a_chain_stops_at_an_expired_link(store: SqliteResponseStore) -> None:
+async def test_a_chain_stops_at_an_expired_link(store: ResponseStore) -> None:
     await store.keep(
         [row("resp_old", expires=int(NOW) + 5), row("resp_new", previous="resp_old")], {}
     )
@@ -111,7 +150,7 @@ async def test_a_chain_stops_at_an_expired_link(store: SqliteResponseStore) -> N
     assert [r.id for r in later] == ["resp_new"] and later[0].previous_id == "resp_old"
 
 
-async def test_a_chain_never_crosses_tenants(store: SqliteResponseStore) -> None:
+async def test_a_chain_never_crosses_tenants(store: ResponseStore) -> None:
     await store.keep(
         [row("resp_x", tenant="globex"), row("resp_y", tenant="acme", previous="resp_x")], {}
     )
@@ -119,14 +158,14 @@ async def test_a_chain_never_crosses_tenants(store: SqliteResponseStore) -> None
     assert [r.id for r in chain] == ["resp_y"]
 
 
-async def test_expire_deletes_rows_past_their_expiry(store: SqliteResponseStore) -> None:
+async def test_expire_deletes_rows_past_their_expiry(store: ResponseStore) -> None:
     await store.keep([row("resp_a", expires=int(NOW) + 1), row("resp_b", expires=int(NOW) + 9)], {})
     assert await store.expire(NOW + 5) == 1
     assert await store.get("acme", "resp_b", NOW) is not None
     assert await store.expire(NOW + 5) == 0
 
 
-async def test_the_byte_bound_forgets_the_oldest_first(store: SqliteResponseStore) -> None:
+async def test_the_byte_bound_forgets_the_oldest_first(store: ResponseStore) -> None:
     for i in range(5):
         await store.keep([row(f"resp_{i}", created=NOW + i, size=100)], {"acme": 1000})
     size = row("resp_0", size=100).size
@@ -137,7 +176,7 @@ async def test_the_byte_bound_forgets_the_oldest_first(store: SqliteResponseStor
     assert kept == [2, 3, 4, 5, 6]
 
 
-async def test_the_byte_bound_is_per_tenant(store: SqliteResponseStore) -> None:
+async def test_the_byte_bound_is_per_tenant(store: ResponseStore) -> None:
     await store.keep([row("resp_g", tenant="globex", size=500)], {})
     await store.keep([row("resp_a", size=500), row("resp_b", created=NOW + 1, size=500)], {})
     one = row("resp_a", size=500).size
@@ -170,27 +209,27 @@ async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
     assert caught.value.code == "state_unavailable"
 
 
-async def test_a_full_volume_is_state_unavailable(store: SqliteResponseStore) -> None:
-    await store.keep([row("resp_small")], {})
+async def test_a_full_volume_is_state_unavailable(sqlite_store: SqliteResponseStore) -> None:
+    await sqlite_store.keep([row("resp_small")], {})
 
     # SQLITE_FULL without filling a disk: the file may not grow past its pages now.
     def cap(conn: sqlite3.Connection) -> None:
         pages = conn.execute("PRAGMA page_count").fetchone()[0]
         conn.execute(f"PRAGMA max_page_count = {pages}")
 
-    await store._file.read(cap)
+    await sqlite_store._file.read(cap)
     big = KeptResponse(
         "acme", "resp_big", "small", NOW, int(NOW) + 60, None, b"[]", b"[]", b"x" * 200_000
     )
     with pytest.raises(GatewayError) as caught:
-        await store.keep([big], {})
+        await sqlite_store.keep([big], {})
     assert caught.value.code == "state_unavailable"
-    assert await store.get("acme", "resp_big", NOW) is None, "nothing of the failed write"
-    assert await store.get("acme", "resp_small", NOW) is not None
+    assert await sqlite_store.get("acme", "resp_big", NOW) is None, "nothing of the failed write"
+    assert await sqlite_store.get("acme", "resp_small", NOW) is not None
 
 
-async def test_a_closed_store_is_state_unavailable(store: SqliteResponseStore) -> None:
-    await store.close()
+async def test_a_closed_store_is_state_unavailable(sqlite_store: SqliteResponseStore) -> None:
+    await sqlite_store.close()
     with pytest.raises(GatewayError) as caught:
-        await store.get("acme", "resp_a", NOW)
+        await sqlite_store.get("acme", "resp_a", NOW)
     assert caught.value.code == "state_unavailable"
