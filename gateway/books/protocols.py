@@ -143,6 +143,25 @@ class EvidenceCatalog(Protocol):
         """Drop a request's leases; the distinct (sha256, ext) they held."""
         ...
 
+    async def lease_records(
+        self,
+        request_id: str,
+        tenant: str,
+        evidence_ids: Sequence[str],
+        not_before: int,
+        ttl_s: float,
+    ) -> dict[str, EvidenceRecord]:
+        """Look up and lease the tenant's live records in one call (a request's
+        whole lookup: one round trip); ``evidence_not_found`` and nothing leased
+        if any is gone."""
+        ...
+
+    async def drop_leases(self, request_id: str) -> list[tuple[str, str]]:
+        """Drop a request's leases in one call; the (sha256, ext) of those that
+        nothing names any more (the files to remove, checked again under the
+        store's lock)."""
+        ...
+
     async def is_referenced(self, sha256: str) -> bool:
         """Whether a record or an unexpired lease names the digest."""
         ...

@@ -88,6 +88,11 @@ _DELETE_RECORD = (
     "RETURNING id, tenant, sha256, media_type, ext, bytes, locator_sha256, created"
 )
 _COLUMNS = "id, tenant, sha256, media_type, ext, bytes, locator_sha256, created"
+#: whether a record or an unexpired lease names a digest
+_REFERENCED = (
+    "SELECT EXISTS (SELECT 1 FROM records WHERE sha256 = ?) "
+    "OR EXISTS (SELECT 1 FROM leases WHERE sha256 = ? AND (expires IS NULL OR expires > ?))"
+)
 #: lookups of one tenant's live records (created at or after the TTL cutoff)
 _LIVE = "tenant = ? AND created >= ?"
 
@@ -377,6 +382,49 @@ class Catalog:
                 if cursor.rowcount == 0 and not _leased(conn, request_id, record.id):
                     raise GatewayError("evidence_not_found")
 
+    def lease_records(
+        self,
+        request_id: str,
+        tenant: str,
+        evidence_ids: Sequence[str],
+        not_before: int = 0,
+        ttl_s: float | None = None,
+    ) -> dict[str, EvidenceRecord]:
+        """Look up and lease the tenant's live records in one transaction (a
+        request's whole lookup in one call); 404 and nothing leased if any is gone."""
+        wanted = sorted(set(evidence_ids))
+        now = self._clock()
+        expires = None if ttl_s is None else now + ttl_s
+        with self._write() as conn:
+            marks = ", ".join("?" * len(wanted))
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM records WHERE {_LIVE} AND id IN ({marks})",  # noqa: S608
+                (tenant, not_before, *wanted),
+            ).fetchall()
+            if len(rows) != len(wanted):
+                raise GatewayError("evidence_not_found")
+            conn.executemany(
+                "INSERT INTO leases (request_id, evidence_id, sha256, ext, taken_at, expires) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (request_id, evidence_id) "
+                "DO UPDATE SET expires = excluded.expires",
+                [(request_id, r[0], r[2], r[4], int(now), expires) for r in rows],
+            )
+        return {r[0]: _record(r) for r in rows}
+
+    def drop_leases(self, request_id: str) -> list[tuple[str, str]]:
+        """Drop a request's leases; the (sha256, ext) of those that nothing
+        names any more (no record, no other live lease): the files to remove."""
+        with self._write() as conn:
+            rows = conn.execute(
+                "DELETE FROM leases WHERE request_id = ? RETURNING sha256, ext", (request_id,)
+            ).fetchall()
+            now = self._clock()
+            return sorted(
+                (sha256, ext)
+                for sha256, ext in {(row[0], row[1]) for row in rows}
+                if not conn.execute(_REFERENCED, (sha256, sha256, now)).fetchone()[0]
+            )
+
     def release_leases(self, request_id: str) -> list[tuple[str, str]]:
         """Drop a request's leases; the distinct (sha256, ext) they held."""
         with self._write() as conn:
@@ -388,12 +436,7 @@ class Catalog:
     def is_referenced(self, sha256: str) -> bool:
         """Whether a record or an unexpired lease names the digest."""
         with self._read() as conn:
-            row = conn.execute(
-                "SELECT EXISTS (SELECT 1 FROM records WHERE sha256 = ?) "
-                "OR EXISTS (SELECT 1 FROM leases WHERE sha256 = ? "
-                "AND (expires IS NULL OR expires > ?))",
-                (sha256, sha256, self._clock()),
-            ).fetchone()
+            row = conn.execute(_REFERENCED, (sha256, sha256, self._clock())).fetchone()
         return bool(row[0])
 
     def sweep_leases(self) -> list[tuple[str, str]]:

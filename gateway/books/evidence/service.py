@@ -48,7 +48,7 @@ from pathlib import Path
 
 import anyio.to_thread
 
-from gateway.books.evidence.catalog import EvidenceRecord, StorageFull
+from gateway.books.evidence.catalog import EvidenceRecord, StorageFull, is_evidence_id
 from gateway.books.evidence.sniff import MediaType, match_content_type
 from gateway.books.evidence.store import EvidenceStore, TempUpload
 from gateway.books.protocols import EvidenceCatalog
@@ -329,32 +329,43 @@ class EvidenceService:
     async def lease(
         self, request_id: str, tenant: Tenant, evidence_ids: Sequence[str]
     ) -> list[EvidenceRecord]:
-        """Lease every ID for the request, in order, or none of them.
+        """Lease every ID for the request, in order, or none of them: one
+        catalog call for the lookups and the leases together.
 
         Unknown and foreign IDs are 404 ``evidence_not_found``; a record whose
         modality the tenant no longer allows is 400 ``modality_not_allowed``.
         """
-        records: list[EvidenceRecord] = []
-        for evidence_id in evidence_ids:
-            record = await self.get(tenant, evidence_id)
-            if not tenant.allows_modality(record.modality):
-                raise GatewayError(
-                    "modality_not_allowed", f"The {record.modality} modality is not allowed."
-                )
-            records.append(record)
-        if records:
-            await self._catalog.take_leases(
-                request_id, records, self._not_before(tenant), self._lease_ttl_s
+        if not evidence_ids:
+            return []
+        if not all(is_evidence_id(i) for i in evidence_ids):
+            raise GatewayError("evidence_not_found")
+        found = await self._catalog.lease_records(
+            request_id, tenant.name, evidence_ids, self._not_before(tenant), self._lease_ttl_s
+        )
+        records = [found[i] for i in evidence_ids]
+        refused = next((r for r in records if not tenant.allows_modality(r.modality)), None)
+        if refused is not None:
+            # Leased with the lookup: given back, so the refusal changes nothing.
+            await self._release_dropped(request_id)
+            raise GatewayError(
+                "modality_not_allowed", f"The {refused.modality} modality is not allowed."
             )
-            self._count_leases(request_id, len({r.id for r in records}))
+        self._count_leases(request_id, len(found))
         return records
 
     async def release(self, request_id: str) -> None:
         """Drop the request's leases and files nothing else holds; idempotent."""
-        released = await self._catalog.release_leases(request_id)
+        await self._release_dropped(request_id)
         self._count_leases(request_id, None)
-        for sha256, ext in released:
-            await self._drop_file_if_unreferenced(sha256, ext)
+
+    async def _release_dropped(self, request_id: str) -> None:
+        for sha256, ext in await self._catalog.drop_leases(request_id):
+            # Nothing named it as the leases went; checked again under the lock.
+            try:
+                async with self._store.locked():
+                    await self._remove_if_unreferenced(sha256, ext)
+            except GatewayError:
+                logger.warning("evidence file %s.%s not removed; a sweep will retry", sha256, ext)
 
     async def read_bytes(self, record: EvidenceRecord) -> bytes:
         return await anyio.to_thread.run_sync(self._store.read, record.sha256, record.ext)

@@ -31,6 +31,24 @@ _COLUMNS = "id, tenant, sha256, media_type, ext, bytes, locator_sha256, created"
 _LIVE = "tenant = $1 AND created >= $2"
 
 
+_LEASE_RECORDS = (
+    f"WITH r AS (SELECT {_COLUMNS} FROM evidence_records "  # noqa: S608 - constant text
+    " WHERE id = ANY($4::text[]) AND tenant = $5 AND created >= $6 FOR SHARE),"
+    " l AS (INSERT INTO evidence_leases (request_id, evidence_id, sha256, ext, replica, expires)"
+    "  SELECT $1, id, sha256, ext, $2, $3 FROM r"
+    "  ON CONFLICT (request_id, evidence_id) DO UPDATE SET expires = $3)"
+    f" SELECT {_COLUMNS} FROM r"
+)
+#: the request's leases dropped; the digests nothing else names any more
+_DROP_LEASES = (
+    "WITH gone AS (DELETE FROM evidence_leases WHERE request_id = $1 RETURNING sha256, ext)"
+    " SELECT DISTINCT g.sha256, g.ext FROM gone g"
+    " WHERE NOT EXISTS (SELECT 1 FROM evidence_records r WHERE r.sha256 = g.sha256)"
+    " AND NOT EXISTS (SELECT 1 FROM evidence_leases l WHERE l.sha256 = g.sha256"
+    "  AND l.expires > $2 AND l.request_id <> $1)"
+)
+
+
 def _record(row: asyncpg.Record) -> EvidenceRecord:
     return EvidenceRecord(
         id=row["id"],
@@ -242,6 +260,34 @@ class PgCatalog:
                     raise GatewayError("evidence_not_found")
 
         await self._calls.run("take_leases", work())
+
+    async def lease_records(
+        self,
+        request_id: str,
+        tenant: str,
+        evidence_ids: Sequence[str],
+        not_before: int,
+        ttl_s: float,
+    ) -> dict[str, EvidenceRecord]:
+        wanted = sorted(set(evidence_ids))
+        expires = self._clock() + ttl_s
+
+        async def work() -> dict[str, EvidenceRecord]:
+            async with self._pool.transaction() as conn:
+                # One round trip: the records, locked as the leases go in.
+                rows = await conn.fetch(
+                    _LEASE_RECORDS, request_id, self._replica, expires, wanted, tenant, not_before
+                )
+                if len(rows) != len(wanted):
+                    # Rolled back with the transaction: all of them or none.
+                    raise GatewayError("evidence_not_found")
+                return {r["id"]: _record(r) for r in rows}
+
+        return await self._calls.run("lease_records", work())
+
+    async def drop_leases(self, request_id: str) -> list[tuple[str, str]]:
+        rows = await self._fetch("drop_leases", _DROP_LEASES, request_id, self._clock())
+        return sorted({(r["sha256"], r["ext"]) for r in rows})
 
     async def release_leases(self, request_id: str) -> list[tuple[str, str]]:
         rows = await self._fetch(

@@ -102,6 +102,22 @@ class SqliteCatalog:
     async def release_leases(self, request_id: str) -> list[tuple[str, str]]:
         return await self._run("release_leases", partial(self.sync.release_leases, request_id))
 
+    async def lease_records(
+        self,
+        request_id: str,
+        tenant: str,
+        evidence_ids: Sequence[str],
+        not_before: int,
+        ttl_s: float,
+    ) -> dict[str, EvidenceRecord]:
+        return await self._run(
+            "lease_records",
+            partial(self.sync.lease_records, request_id, tenant, evidence_ids, not_before, ttl_s),
+        )
+
+    async def drop_leases(self, request_id: str) -> list[tuple[str, str]]:
+        return await self._run("drop_leases", partial(self.sync.drop_leases, request_id))
+
     async def is_referenced(self, sha256: str) -> bool:
         return await self._run("is_referenced", partial(self.sync.is_referenced, sha256))
 
