@@ -24,7 +24,9 @@ parsed whole: one scan finds the envelope (its small values parsed), the
 ``data`` array and each entry's vector; each vector is then parsed and
 checked alone, and dropped. The ``data`` array goes back to the caller as
 the worker's bytes (an ``orjson.Fragment``; moved to the buffer's start in
-place, not copied); only the envelope is written anew, ``model`` replaced.
+place, not copied); only the envelope is written anew, ``model`` replaced,
+and the reply sends the array as those bytes, in pieces
+(:class:`~gateway.core.replies.Spliced`), not copied into one payload.
 What is not a vector (keys, ``index``, ``usage``, unknown fields) is bounded
 at 64 KiB + 1 KiB per input, and one vector at its bound, so a worker cannot
 make the scan slow or a parse large either. Stricter than parsing whole: a
@@ -82,6 +84,7 @@ from gateway.apis.fields import (
     unsupported,
 )
 from gateway.core.errors import GatewayError
+from gateway.core.replies import Spliced
 from gateway.core.sse import NEED_DATA, Done, NeedData, violation
 
 _TOKEN = integer(ge=0, le=2**32 - 1)
@@ -348,7 +351,8 @@ class EmbeddingsDialect:
             raise violation("Upstream usage claims more prompt tokens than were sent.")
         self._usage = dict(usage)
         # The worker's order and values, its data array as its bytes, the alias in `model`.
-        out: dict[str, Any] = {}
+        # Spliced: the reply sends `data` as these bytes, never copied into one payload.
+        out = Spliced("data", data)
         for key, value in answer.fields:
             out[key] = orjson.Fragment(data) if value is _DATA else value
         out["model"] = self.alias

@@ -1,5 +1,12 @@
 """Whole JSON replies over an ASGI ``send`` (every handler and the relay's
-non-streamed answer). Pure: it awaits the callable it is given."""
+non-streamed answer). Pure: it awaits the callable it is given.
+
+A :class:`Spliced` body (an embeddings answer: tens of MB of the worker's own
+bytes) is not serialized into one payload: its envelope is, and the big value
+goes out as its own bytes, in :data:`CHUNK_BYTES` pieces, so the reply costs
+no second copy of the answer, and each ``send`` waits for the server's flow
+control, so the transport never buffers the whole of it either.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +17,38 @@ import orjson
 
 from gateway.types import Send
 
+#: one body message of a spliced reply: big enough to keep the socket busy,
+#: small enough that its copy (and the transport's buffer) does not matter
+CHUNK_BYTES = 1 << 20
 
-def encode_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
-    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+
+class Spliced(dict[str, Any]):
+    """A JSON object whose value at ``raw_key`` is ``orjson.Fragment(raw)``:
+    ``orjson.dumps`` gives the same text as :func:`spliced_pieces` joined, but
+    :func:`send_json` sends ``raw`` as it is instead of copying it."""
+
+    __slots__ = ("raw", "raw_key")
+
+    def __init__(self, raw_key: str, raw: bytes) -> None:
+        super().__init__()
+        self.raw_key = raw_key
+        self.raw = raw
+
+
+def spliced_pieces(body: Spliced) -> tuple[bytes, bytes, bytes]:
+    """The reply's text as ``head``, the raw value (not copied), ``tail``."""
+    before: list[bytes] = []
+    after: list[bytes] = []
+    side, found = before, False
+    for key, value in body.items():
+        if key == body.raw_key:
+            side, found = after, True
+            continue
+        side.append(orjson.dumps(key) + b":" + orjson.dumps(value))
+    assert found, "a spliced body holds its raw value"
+    head = b"{" + b"".join(part + b"," for part in before) + orjson.dumps(body.raw_key) + b":"
+    tail = b"".join(b"," + part for part in after) + b"}"
+    return head, body.raw, tail
 
 
 async def send_json(
@@ -21,11 +57,24 @@ async def send_json(
     body: Any,
     headers: Mapping[str, str] | None = None,
 ) -> None:
-    payload = orjson.dumps(body)
+    pieces = spliced_pieces(body) if isinstance(body, Spliced) else (orjson.dumps(body),)
     raw_headers = [
         (b"content-type", b"application/json"),
-        (b"content-length", str(len(payload)).encode()),
+        (b"content-length", str(sum(map(len, pieces))).encode()),
     ]
     raw_headers += encode_headers(headers or {})
     await send({"type": "http.response.start", "status": status, "headers": raw_headers})
-    await send({"type": "http.response.body", "body": payload})
+    if len(pieces) == 1:
+        await send({"type": "http.response.body", "body": pieces[0]})
+        return
+    head, raw, tail = pieces
+    await send({"type": "http.response.body", "body": head, "more_body": True})
+    with memoryview(raw) as view:
+        for at in range(0, len(view), CHUNK_BYTES):
+            chunk = bytes(view[at : at + CHUNK_BYTES])
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    await send({"type": "http.response.body", "body": tail})
+
+
+def encode_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
