@@ -7,13 +7,17 @@ worker faults on both of two upstreams (a second simulator serves a second
 route), a worker outage (connection refused, then a restarted
 simulator on the same port), evidence uploads raced by deletes, refused past
 the tenant's record quota and expiring under a short ``ttl_s``, and an audit
-outage (the receipts' small filesystem filled, then freed) mid-round.
+outage (the receipts' small filesystem filled, then freed) mid-round. A
+release (spec §18) splits an alias 50/50 per request between the two
+upstreams' routes with fallback on, and Anthropic Messages requests (spec
+§19, ``x-api-key`` or Bearer) go to every alias, the release's included.
 
 Afterwards (spec §1.3, §1.4, §1.5): permits and leases are back to 0; every
 inference request id has exactly one receipt whose outcome matches what the
 caller observed; no failed stream carried ``[DONE]``; open descriptors, the
 gateway loop's task count and RSS are back near their baseline; staged files
-whose records were all deleted are gone.
+whose records were all deleted are gone; the release's requests are counted
+on both arms and every receipt naming it came through its alias.
 
 ``GATEWAY_SOAK=long`` (``make soak``) runs more rounds of more requests; the
 default fits CI. Figures are printed (see them with ``-s``).
@@ -37,6 +41,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.apis.message_events import EventGrammar
 from gateway.http.server import tune_gc
 from gateway.testing.harness import SIM_ROUTE
 from gateway.testing.samples import SAMPLES
@@ -65,8 +70,28 @@ UPSTREAM = {
 SECOND_ROUTE = "/srv/mosaic-models/" + "5e" * 32
 SECOND_ALIAS = "second-mm"
 SECOND_CAPACITY = 4
+#: a release over both upstreams (stable: the first's route, canary: the second's)
+RELEASE = "soak"
+RELEASE_ALIAS = "release-mm"
+RELEASES = [
+    {
+        "name": RELEASE,
+        "stable": SIM_ROUTE,
+        "canary": SECOND_ROUTE,
+        "canary_percent": 50,
+        "cohort": "request",
+        "fallback": True,
+    }
+]
+ALIASES = ["gemma-4-mm", SECOND_ALIAS, RELEASE_ALIAS]
+ALIAS_WEIGHTS = [4, 3, 3]
 ACME = {
-    "models": {"gemma-4-mm": SIM_ROUTE, SECOND_ALIAS: SECOND_ROUTE},
+    "models": {
+        "gemma-4-mm": SIM_ROUTE,
+        SECOND_ALIAS: SECOND_ROUTE,
+        RELEASE_ALIAS: f"release:{RELEASE}",
+    },
+    "endpoints": ["chat.completions", "completions", "models", "evidence", "messages"],
     "limits": {"max_output_tokens": 512, "requests_per_minute": 1_000_000},
     "admission": {"share": 1, "max_permits": CAPACITY, "queue_timeout_s": 30},
     # Small on purpose: uploads meet the quota, records expire while in use.
@@ -127,6 +152,7 @@ KINDS = {
     "disc_first": 6,
     "disc_mid": 8,
     "evidence": 8,
+    "messages_ok": 10,
 }
 
 
@@ -135,6 +161,7 @@ class Outcome:
     rid: str
     kind: str
     started: float
+    alias: str = ""
     ended: float = 0.0
     status: int | None = None
     code: str | None = None  # caller-visible error code; None for a success
@@ -233,8 +260,8 @@ async def plain(soak: Soak, client: httpx.AsyncClient, kind: str) -> Outcome:
     out = Outcome(soak.next_rid(kind), kind, time.monotonic())
     stream = rng.random() < 0.6 if kind != "stream_ok" else True
     path = "/v1/chat/completions"
-    # Faults and successes on both upstreams.
-    alias = SECOND_ALIAS if rng.random() < 0.4 else "gemma-4-mm"
+    # Faults and successes on both upstreams and through the release.
+    alias = out.alias = rng.choices(ALIASES, ALIAS_WEIGHTS)[0]
     if kind == "fault":
         fault = rng.choice(FAULTS)
         directive = fault if "=" in fault else f"fault={fault}"
@@ -250,6 +277,66 @@ async def plain(soak: Soak, client: httpx.AsyncClient, kind: str) -> Outcome:
             stream = body["stream"] = False
     response = await client.post(path, json=body, headers={"x-request-id": out.rid})
     observe(out, response, stream)
+    out.ended = time.monotonic()
+    return out
+
+
+def observe_messages(out: Outcome, response: httpx.Response, stream: bool) -> None:
+    """A Messages answer: the Anthropic message, or a stream the grammar accepts
+    whole, or one that ends with one ``error`` event after a valid prefix."""
+    out.status = response.status_code
+    if response.status_code != 200:
+        body = response.json()
+        assert body["type"] == "error", body
+        out.code = body["error"]["code"]
+        return
+    if not stream:
+        assert response.json()["type"] == "message"
+        return
+    assert "[DONE]" not in response.text
+    grammar = EventGrammar()
+    events: list[tuple[str, Any]] = []
+    for frame in response.text.split("\n\n"):
+        lines = [line for line in frame.split("\n") if line]
+        if not lines:
+            continue
+        name = next(line[7:] for line in lines if line.startswith("event: "))
+        data = json.loads("".join(line[6:] for line in lines if line.startswith("data: ")))
+        events.append((name, data))
+    assert events, "a stream with no event"
+    names = [name for name, _ in events]
+    if names[-1] == "error":
+        assert names.count("error") == 1 and "message_stop" not in names
+        for name, data in events[:-1]:
+            grammar.feed(name, data)  # a valid prefix
+        out.code = events[-1][1]["error"]["code"]
+        return
+    for name, data in events:
+        grammar.feed(name, data)
+    grammar.end()
+
+
+async def messages_call(soak: Soak, client: httpx.AsyncClient) -> Outcome:
+    """``POST /v1/messages`` to any alias, the release's included; a credential
+    as ``x-api-key`` (the Anthropic SDKs') or as Bearer."""
+    rng = soak.rng
+    out = Outcome(soak.next_rid("messages_ok"), "messages_ok", time.monotonic())
+    out.alias = rng.choices(ALIASES, ALIAS_WEIGHTS)[0]
+    stream = rng.random() < 0.6
+    chunks, delay = rng.randint(1, 16), rng.choice([0, 0, 2])
+    body = {
+        "model": out.alias,
+        "max_tokens": 64,
+        "stream": stream,
+        "messages": [{"role": "user", "content": f"hi [[sim chunks={chunks} delay_ms={delay}]]"}],
+    }
+    headers = {"x-request-id": out.rid, "anthropic-version": "2023-06-01"}
+    request = client.build_request("POST", "/v1/messages", json=body, headers=headers)
+    if rng.random() < 0.5:
+        del request.headers["authorization"]
+        request.headers["x-api-key"] = soak.token
+    response = await client.send(request)
+    observe_messages(out, response, stream)
     out.ended = time.monotonic()
     return out
 
@@ -442,6 +529,8 @@ async def run_round(
                     return await hang_up(soak, kind)
                 if kind == "evidence":
                     return await evidence_race(soak, client)
+                if kind == "messages_ok":
+                    return await messages_call(soak, client)
                 return await plain(soak, client, kind)
 
         stop = asyncio.Event()
@@ -469,10 +558,10 @@ def overlaps(out: Outcome, outages: list[tuple[float, float]]) -> bool:
 # Requests that should have succeeded; outside an outage, any failure of one
 # is "collateral" damage from another request's fault and fails the soak.
 # (It caught the upstream pool handing out a connection it had just closed.)
-SHOULD_SUCCEED = {"stream_ok", "json_ok", "completion_ok"}
+SHOULD_SUCCEED = {"stream_ok", "json_ok", "completion_ok", "messages_ok"}
 
 
-def check_receipts(soak: Soak, outcomes: list[Outcome]) -> tuple[Counter[str], int]:
+def check_receipts(soak: Soak, outcomes: list[Outcome]) -> tuple[Counter[str], int, Counter[str]]:
     stack = soak.stack
     ids = {o.rid for o in outcomes}
 
@@ -484,9 +573,18 @@ def check_receipts(soak: Soak, outcomes: list[Outcome]) -> tuple[Counter[str], i
     for receipt in stack.receipts():
         receipts.setdefault(receipt["request_id"], []).append(receipt)
     tally: Counter[str] = Counter()
+    arms: Counter[str] = Counter()  # the release's receipts by the arm that answered
     collateral = 0
     for out in outcomes:
         [receipt] = receipts[out.rid]  # exactly one
+        mark = receipt.get("release")
+        if mark is not None:
+            assert out.alias == RELEASE_ALIAS and mark["name"] == RELEASE, (out, receipt)
+            assert mark["arm"] in ("stable", "canary"), receipt
+            assert receipt["route"] == (SIM_ROUTE if mark["arm"] == "stable" else SECOND_ROUTE)
+            arms[mark["arm"]] += 1
+            if mark.get("fallback_from") is not None:
+                arms["fallback"] += 1
         outcome, code = receipt["outcome"], receipt["error_code"]
         tally[outcome] += 1
         in_outage = overlaps(out, soak.outages) or overlaps(out, soak.audit_outages)
@@ -501,7 +599,7 @@ def check_receipts(soak: Soak, outcomes: list[Outcome]) -> tuple[Counter[str], i
         if out.kind in SHOULD_SUCCEED and out.code is not None and not in_outage:
             collateral += 1
     assert set(receipts) == ids, "no receipt without a request"
-    return tally, collateral
+    return tally, collateral, arms
 
 
 @dataclass
@@ -583,6 +681,7 @@ def test_chaos_soak(tmp_path: Path, served_gc: None, second: Simulator) -> None:
             staging=STAGING,
             audit={"path": str(audit_fs / "receipts.jsonl")},
             admission={"capacity": CAPACITY, "max_queue": 4 * CONCURRENCY},
+            releases=RELEASES,
         ) as stack,
     ):
         first_sim = stack.sim
@@ -600,7 +699,11 @@ def test_chaos_soak(tmp_path: Path, served_gc: None, second: Simulator) -> None:
                 check = settle(stack, second, base, fd_slack=6, task_slack=2)
                 rss_after_round.append(check.rss)
             final = settle(stack, second, base, fd_slack=6, task_slack=2)
-            tally, collateral = check_receipts(soak, soak.outcomes)
+            tally, collateral, arms = check_receipts(soak, soak.outcomes)
+            counted = {
+                arm: stack.metric("gateway_release_requests_total", release=RELEASE, arm=arm)
+                for arm in ("stable", "canary")
+            }
             permits = stack.metric("gateway_permits_in_use")
             per_upstream = {
                 name: stack.metric("gateway_permits_in_use", upstream=name)
@@ -631,6 +734,8 @@ def test_chaos_soak(tmp_path: Path, served_gc: None, second: Simulator) -> None:
         f"  receipt outcomes {dict(tally)}\n"
         f"  permits {permits:.0f} {per_upstream}, second upstream: {second_requests} requests, "
         f"max {second.max_active_streams} streams\n"
+        f"  release {RELEASE!r}: receipts by arm {dict(arms)}, counted {counted}, "
+        f"messages requests {kinds['messages_ok']}\n"
         f"  leases {leases:.0f}, staged files left {len(staged)}\n"
         f"  fds {base.own_fds}->{final.own_fds} "
         f"(+{base.upstream}/{final.upstream} pooled upstream), "
@@ -643,6 +748,10 @@ def test_chaos_soak(tmp_path: Path, served_gc: None, second: Simulator) -> None:
     assert second_requests > 0, "the second upstream served its share"
     assert second.max_active_streams <= SECOND_CAPACITY
     assert leases == 0
+    assert arms["stable"] and arms["canary"], "the release split its requests"
+    # every receipt naming the release is counted; a fallen-back attempt once more
+    assert sum(counted.values()) == arms["stable"] + arms["canary"] + arms["fallback"]
+    assert kinds["messages_ok"] > 0
     assert staged == [], "a file whose records were all deleted is removed"
     assert final.own_fds <= base.own_fds + 6, "descriptors leaked"
     assert final.tasks <= base.tasks + 2, "gateway tasks leaked"
