@@ -173,7 +173,7 @@ def _tool(value: Any, path: str) -> Any:
     return spec(value, path)
 
 
-_TOOL_CHOICE = obj(
+_TOOL_CHOICE_FIELDS = obj(
     {
         "type": enum("auto", "any", "tool", "none"),
         "name": string,
@@ -181,6 +181,16 @@ _TOOL_CHOICE = obj(
     },
     required=("type",),
 )
+
+
+def _TOOL_CHOICE(value: Any, path: str) -> dict[str, Any]:
+    """A ``tool`` choice names its tool: refused with the plan, before any cost."""
+    checked: dict[str, Any] = _TOOL_CHOICE_FIELDS(value, path)
+    if checked["type"] == "tool" and "name" not in checked:
+        raise invalid(child(path, "name"), "is required")
+    return checked
+
+
 _THINKING_CONFIG = obj(
     {"type": enum("enabled", "disabled"), "budget_tokens": integer(ge=0)}, required=("type",)
 )

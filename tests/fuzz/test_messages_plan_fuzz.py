@@ -316,14 +316,9 @@ def check(which: str, body: Any, tenant: Tenant, sent: tuple[tuple[bytes, bytes]
         assert plan.max_tokens is not None and plan.max_tokens == body["max_tokens"]
         assert 1 <= plan.max_tokens <= tenant.limits.max_output_tokens
         assert plan.stream is (body.get("stream") is True)
-    try:
-        forwarded = api.forward(plan, ROUTE)
-    except GatewayError as exc:
-        # Checked only when the chat body is built (after admission), not in
-        # the plan: still a clean 4xx naming its param.
-        assert exc.status == 400 and exc.param, (exc.code, exc.message)
-        event(f"{which}: refused in forward ({exc.param})")
-        return
+    # Whatever the plan accepted, the worker's body is built: every refusal
+    # comes with the plan, before any cost (spec §13).
+    forwarded = api.forward(plan, ROUTE)
     assert forwarded["model"] == ROUTE
     text = json.dumps(forwarded, default=str)
     for url in urls:

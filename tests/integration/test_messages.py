@@ -275,6 +275,28 @@ def test_headers_x_api_key_and_anthropic_version(stack: Stack) -> None:
     assert nothing.status_code == 404 and nothing.json()["type"] == "error"
 
 
+def test_a_tool_choice_without_its_name_is_refused_with_the_plan(stack: Stack) -> None:
+    token = stack.rs256()
+    body = {
+        "model": "gemma-4-mm",
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": "x"}],
+        "tools": [{"name": "look", "input_schema": {"type": "object"}}],
+        "tool_choice": {"type": "tool"},
+    }
+    before = len(worker_posts(stack.sim))
+    refused = httpx.post(
+        stack.url + "/v1/messages", json=body, headers={"x-api-key": token}, timeout=10
+    )
+    assert refused.status_code == 400
+    assert refused.json()["type"] == "error"
+    assert refused.json()["error"]["param"] == "tool_choice.name"
+    receipt = stack.receipt(refused.headers["x-request-id"])
+    assert receipt["error_code"] == "invalid_request"
+    assert receipt["queue_ms"] in (None, 0), "refused before the permit"
+    assert len(worker_posts(stack.sim)) == before
+
+
 def test_a_worker_fault_mid_stream_ends_with_one_error_event(stack: Stack) -> None:
     token = stack.rs256()
     body = {
