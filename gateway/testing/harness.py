@@ -94,9 +94,12 @@ def write_config(
 
 
 def read_receipts(path: Path) -> list[dict[str, Any]]:
+    """The whole receipt lines written so far (a line being appended right now,
+    not yet ended by its newline, is left for the next read)."""
     if not path.exists():
         return []
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+    whole = path.read_bytes().split(b"\n")[:-1]
+    return [orjson.loads(line) for line in whole if line.strip()]
 
 
 def wait_receipt(path: Path, request_id: str, timeout_s: float = 5) -> dict[str, Any]:
