@@ -78,11 +78,7 @@ class PgCatalog:
         self._clock = clock
 
     async def _fetch(self, op: str, query: str, *args: Any) -> list[asyncpg.Record]:
-        async def work() -> list[asyncpg.Record]:
-            async with self._pool.connection() as conn:
-                return list(await conn.fetch(query, *args))
-
-        return await self._calls.run(op, work())
+        return await self._pool.fetch(self._calls, op, query, *args)
 
     async def add(
         self,

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import asyncpg
-
 from gateway.books.protocols import (
     FORGET_AFTER_S,
     ArmCounts,
@@ -38,13 +36,11 @@ class PgReleaseStore:
         self._calls = calls
 
     async def overrides(self) -> dict[str, ReleaseOverride]:
-        async def work() -> list[asyncpg.Record]:
-            async with self._pool.connection() as conn:
-                return list(
-                    await conn.fetch("SELECT name, state, percent, updated FROM release_decisions")
-                )
-
-        rows = await self._calls.run("release_overrides", work())
+        rows = await self._pool.fetch(
+            self._calls,
+            "release_overrides",
+            "SELECT name, state, percent, updated FROM release_decisions",
+        )
         return {
             r["name"]: ReleaseOverride(r["name"], r["state"], r["percent"], r["updated"])
             for r in rows
@@ -53,29 +49,23 @@ class PgReleaseStore:
     async def decide(self, name: str, state: str, percent: float, now: float) -> None:
         check_decision(state, percent)
 
-        async def work() -> None:
-            async with self._pool.connection() as conn:
-                await conn.execute(
-                    "INSERT INTO release_decisions (name, state, percent, updated) "
-                    "VALUES ($1, $2, $3, $4) ON CONFLICT (name) DO UPDATE SET "
-                    "state = EXCLUDED.state, percent = EXCLUDED.percent, "
-                    "updated = EXCLUDED.updated",
-                    name,
-                    state,
-                    float(percent),
-                    now,
-                )
-
-        await self._calls.run("release_decide", work())
+        await self._pool.execute(
+            self._calls,
+            "release_decide",
+            "INSERT INTO release_decisions (name, state, percent, updated) "
+            "VALUES ($1, $2, $3, $4) ON CONFLICT (name) DO UPDATE SET "
+            "state = EXCLUDED.state, percent = EXCLUDED.percent, updated = EXCLUDED.updated",
+            name,
+            state,
+            float(percent),
+            now,
+        )
 
     async def clear(self, name: str) -> bool:
-        async def work() -> str:
-            async with self._pool.connection() as conn:
-                return str(
-                    await conn.execute("DELETE FROM release_decisions WHERE name = $1", name)
-                )
-
-        return await self._calls.run("release_clear", work()) != "DELETE 0"
+        status = await self._pool.execute(
+            self._calls, "release_clear", "DELETE FROM release_decisions WHERE name = $1", name
+        )
+        return status != "DELETE 0"
 
     async def publish(
         self, replica: str, figures: Mapping[str, Mapping[str, ArmCounts]], now: float
@@ -101,18 +91,15 @@ class PgReleaseStore:
         await self._calls.run("release_publish", work())
 
     async def figures(self, since: float) -> Figures:
-        async def work() -> list[asyncpg.Record]:
-            async with self._pool.connection() as conn:
-                return list(
-                    await conn.fetch(
-                        "SELECT name, replica, arm, requests, failures, ttft_p95_ms "
-                        "FROM release_figures WHERE updated >= $1",
-                        since,
-                    )
-                )
-
+        rows = await self._pool.fetch(
+            self._calls,
+            "release_figures",
+            "SELECT name, replica, arm, requests, failures, ttft_p95_ms "
+            "FROM release_figures WHERE updated >= $1",
+            since,
+        )
         found: Figures = {}
-        for r in await self._calls.run("release_figures", work()):
+        for r in rows:
             counts = ArmCounts(r["requests"], r["failures"], r["ttft_p95_ms"])
             found.setdefault(r["name"], {}).setdefault(r["replica"], {})[r["arm"]] = counts
         return found

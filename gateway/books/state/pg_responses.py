@@ -102,44 +102,39 @@ class PgResponseStore:
         await self._calls.run("keep_responses", work())
 
     async def get(self, tenant: str, response_id: str, now: float) -> KeptResponse | None:
-        async def work() -> asyncpg.Record | None:
-            async with self._pool.connection() as conn:
-                return await conn.fetchrow(
-                    f"SELECT {_COLUMNS} FROM kept_responses "  # noqa: S608
-                    "WHERE tenant = $1 AND id = $2 AND expires > $3",
-                    tenant,
-                    response_id,
-                    int(now),
-                )
-
-        row = await self._calls.run("get_response", work())
-        return None if row is None else _kept(row)
+        rows = await self._pool.fetch(
+            self._calls,
+            "get_response",
+            f"SELECT {_COLUMNS} FROM kept_responses "  # noqa: S608
+            "WHERE tenant = $1 AND id = $2 AND expires > $3",
+            tenant,
+            response_id,
+            int(now),
+        )
+        return _kept(rows[0]) if rows else None
 
     async def chain(
         self, tenant: str, response_id: str, now: float, max_links: int
     ) -> list[KeptResponse]:
-        async def work() -> list[asyncpg.Record]:
-            async with self._pool.connection() as conn:
-                return list(
-                    await conn.fetch(
-                        f"WITH RECURSIVE c AS ("  # noqa: S608
-                        f"  SELECT 1 AS depth, {_COLUMNS} FROM kept_responses"
-                        "   WHERE tenant = $1 AND id = $2 AND expires > $3"
-                        "  UNION ALL"
-                        "  SELECT c.depth + 1, k.tenant, k.id, k.alias, k.created, k.expires,"
-                        "   k.previous_id, k.input_items, k.output_items, k.body, k.upstream_id"
-                        "   FROM kept_responses k JOIN c"
-                        "   ON k.tenant = c.tenant AND k.id = c.previous_id"
-                        "   WHERE k.expires > $3 AND c.depth < $4"
-                        f") SELECT {_COLUMNS} FROM c ORDER BY depth DESC",
-                        tenant,
-                        response_id,
-                        int(now),
-                        max_links,
-                    )
-                )
-
-        return [_kept(r) for r in await self._calls.run("chain", work())]
+        rows = await self._pool.fetch(
+            self._calls,
+            "chain",
+            f"WITH RECURSIVE c AS ("  # noqa: S608
+            f"  SELECT 1 AS depth, {_COLUMNS} FROM kept_responses"
+            "   WHERE tenant = $1 AND id = $2 AND expires > $3"
+            "  UNION ALL"
+            "  SELECT c.depth + 1, k.tenant, k.id, k.alias, k.created, k.expires,"
+            "   k.previous_id, k.input_items, k.output_items, k.body, k.upstream_id"
+            "   FROM kept_responses k JOIN c"
+            "   ON k.tenant = c.tenant AND k.id = c.previous_id"
+            "   WHERE k.expires > $3 AND c.depth < $4"
+            f") SELECT {_COLUMNS} FROM c ORDER BY depth DESC",
+            tenant,
+            response_id,
+            int(now),
+            max_links,
+        )
+        return [_kept(r) for r in rows]
 
     async def forget(self, tenant: str, response_id: str) -> bool:
         async def work() -> bool:

@@ -18,10 +18,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
+from gateway.books.state.calls import StateCalls
 from gateway.books.state.schema import migrate
 from gateway.core.errors import GatewayError
 
@@ -97,6 +98,26 @@ class PgPool:
         finally:
             with contextlib.suppress(*_STORE_ERRORS):
                 await pool.release(conn, timeout=self._timeout_s)
+
+    async def fetch(
+        self, calls: StateCalls, op: str, query: str, *args: Any
+    ) -> list[asyncpg.Record]:
+        """One statement's rows, as one timed and bounded state call."""
+
+        async def work() -> list[asyncpg.Record]:
+            async with self.connection() as conn:
+                return list(await conn.fetch(query, *args))
+
+        return await calls.run(op, work())
+
+    async def execute(self, calls: StateCalls, op: str, query: str, *args: Any) -> str:
+        """One statement's status (``DELETE 3``), as one timed and bounded state call."""
+
+        async def work() -> str:
+            async with self.connection() as conn:
+                return str(await conn.execute(query, *args))
+
+        return await calls.run(op, work())
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Conn]:
