@@ -18,19 +18,10 @@ from gateway.books.receipt_chain import (
     line_sha256,
     read_line,
 )
-from gateway.books.receipts import Receipt, ReceiptWriter
+from gateway.books.receipts import ReceiptWriter
+from tests.support.receipts import make_receipt
 
-
-def _receipt(n: int, created: float = 0.0) -> Receipt:
-    return Receipt(
-        request_id=f"req-{n}",
-        tenant="acme",
-        subject="s",
-        endpoint="chat.completions",
-        serve_identity=None,
-        outcome="complete",
-        created=created,
-    )
+_receipt = make_receipt
 
 
 async def _write(

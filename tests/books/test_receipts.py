@@ -11,19 +11,12 @@ import orjson
 
 from gateway.books.receipts import MAX_SUBJECT_CHARS, Receipt, ReceiptWriter, Usage, receipt_line
 from tests.support.poll import eventually_async
+from tests.support.receipts import make_receipt
 from tests.support.tmpfs import fill, free, small_fs
 
 
 def _receipt(n: int) -> Receipt:
-    return Receipt(
-        request_id=f"req-{n}",
-        tenant="acme",
-        subject="s",
-        endpoint="chat.completions",
-        serve_identity=None,
-        outcome="complete",
-        usage=Usage(1, 2, 3, "reported"),
-    )
+    return make_receipt(n, usage=Usage(1, 2, 3, "reported"))
 
 
 async def test_concurrent_writes_are_whole_lines(tmp_path: Path) -> None:

@@ -36,7 +36,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from tests.support.redis import free_port
+from tests.support.redis import free_port, start_on_a_free_port
 
 _START_DEADLINE_S = 30.0
 _STOP_DEADLINE_S = 10.0
@@ -350,14 +350,7 @@ def postgres_server() -> Iterator[PostgresServer]:
     and binding gets a new one (3 tries)."""
     server = PostgresServer()
     try:
-        for attempt in range(3):
-            try:
-                server.start()
-                break
-            except RuntimeError:
-                if attempt == 2:
-                    raise
-                server.port = free_port()
+        start_on_a_free_port(server)
         yield server
     finally:
         server.close()

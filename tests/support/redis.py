@@ -17,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 from redis import Redis
 from redis.exceptions import RedisError
@@ -131,14 +132,26 @@ def redis_server(*, password: str | None = None) -> Iterator[RedisServer]:
     """A started server; a port taken between probing and binding gets a new one (3 tries)."""
     server = RedisServer(password=password)
     try:
-        for attempt in range(3):
-            try:
-                server.start()
-                break
-            except RuntimeError:
-                if attempt == 2:
-                    raise
-                server.port = free_port()
+        start_on_a_free_port(server)
         yield server
     finally:
         server.close()
+
+
+class _Startable(Protocol):
+    port: int
+
+    def start(self) -> None: ...
+
+
+def start_on_a_free_port(server: _Startable, tries: int = 3) -> None:
+    """``server.start()``; a port another process took between probing and
+    binding (RuntimeError) gets a new one, ``tries`` times in all."""
+    for attempt in range(tries):
+        try:
+            server.start()
+            return
+        except RuntimeError:
+            if attempt == tries - 1:
+                raise
+            server.port = free_port()

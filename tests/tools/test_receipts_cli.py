@@ -8,20 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from gateway.books.receipts import Receipt, ReceiptWriter
+from gateway.books.receipts import ReceiptWriter
 from gateway.tools.cli import main
+from tests.support.receipts import make_receipt
 
-
-def _receipt(n: int, created: float) -> Receipt:
-    return Receipt(
-        request_id=f"req-{n}",
-        tenant="acme",
-        subject="s",
-        endpoint="chat.completions",
-        serve_identity=None,
-        outcome="complete",
-        created=created,
-    )
+_receipt = make_receipt
 
 
 async def _replica(
