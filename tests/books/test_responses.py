@@ -105,7 +105,8 @@ async def test_a_waiter_is_released_only_after_its_commit(store: CountingStore) 
     book = make_book(store)
     store.gate = asyncio.Event()
     task = asyncio.create_task(book.keep(kept(book, "resp_1"), 1 << 20))
-    await asyncio.sleep(0.05)
+    # The commit has begun (held at the store's gate): its waiter must still wait.
+    await eventually_async(lambda: book._committer is not None and not book._rows, "committing")
     assert not task.done() and store.commits == []
     store.gate.set()
     await task
@@ -174,7 +175,7 @@ async def test_the_expiry_sweep_runs_until_closed(store: CountingStore) -> None:
     finally:
         assert await book.aclose(1) == 0
     swept = store.expired
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # (the absence of sweeps after closing: nothing to poll for)
     assert store.expired == swept, "no sweep after close"
 
 
