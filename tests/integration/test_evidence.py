@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -492,18 +493,20 @@ def test_inline_stage_policy_stages_data_urls(tmp_path: Path) -> None:
 
 
 def test_disconnect_while_media_resolves_still_gives_everything_back(tmp_path: Path) -> None:
-    """The caller leaves while the thread staging and leasing its media still runs:
-    the request waits for that thread, then releases its lease and staged file."""
+    """The caller leaves while the task staging and leasing its media still runs:
+    the request waits for that task, then releases its lease and staged file."""
     acme = {"media": {"caller_urls": "reject", "inline_data": "stage"}}
     with running_stack(tmp_path, acme=acme) as stack:
         runtime = stack.runtime
         entered, release = threading.Event(), threading.Event()
         original = runtime.evidence.upload_inline
 
-        def held_upload(*args: Any, **kwargs: Any) -> Any:
+        async def held_upload(*args: Any, **kwargs: Any) -> Any:
+            # Held off the loop (the service is async): the loop must stay free
+            # to see the caller leave while the staging waits.
             entered.set()
-            release.wait(5)
-            return original(*args, **kwargs)
+            await anyio.to_thread.run_sync(release.wait, 5)
+            return await original(*args, **kwargs)
 
         runtime.evidence.upload_inline = held_upload
         inline = "data:image/png;base64," + base64.b64encode(PNG).decode()
