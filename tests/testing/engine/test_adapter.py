@@ -87,11 +87,17 @@ def test_a_greedy_stream_is_framed_as_the_server_frames_it(tiny: EngineAdapter) 
 
 
 def test_keep_alives_are_bare_comments_between_whole_events(tiny: EngineAdapter) -> None:
-    _, stream = _stream(tiny, chat_body(max_tokens=64))  # parse_sse: strict framing
+    # A ~150-token prompt: its prefill alone outlasts the 1 ms keep-alive, so
+    # the stream has comments by construction. A short prompt's 64 tokens can
+    # all come less than 1 ms apart on the tiny model (it failed 2 runs in 7).
+    prompt = "Say something. " * 30
+    body = chat_body(max_tokens=64, messages=[{"role": "user", "content": prompt}])
+    _, stream = _stream(tiny, body)  # parse_sse: strict framing
     assert stream.keepalives > 0
+    assert stream.raw.startswith(b":\n\n")  # before the first token, during prefill
+    assert stream.chunks[-1]["choices"][0]["finish_reason"] == "length"  # not an error event
     # Between chunks too: asserted on the small model (test_lane_small), whose
-    # tokens take ~10 ms against the 1 ms keep-alive; the tiny one can decode
-    # 64 tokens in 14 ms with none of them 1 ms apart.
+    # tokens take ~10 ms against the 1 ms keep-alive.
     assert stream.events[-1] == "[DONE]"
 
 
