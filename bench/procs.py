@@ -68,6 +68,20 @@ class Child:
         # Fields after the comm: state is [0]; utime and stime are stat fields 14, 15.
         return (int(fields[11]) + int(fields[12])) / _CLK_TCK
 
+    def thread_cpu_s(self) -> float:
+        """utime + stime of the process's threads other than its main one."""
+        total = 0
+        for task in Path(f"/proc/{self.pid}/task").iterdir():
+            if task.name == str(self.pid):
+                continue
+            try:
+                raw = (task / "stat").read_bytes()
+            except OSError:
+                continue  # a thread that ended meanwhile
+            fields = raw[raw.rindex(b")") + 2 :].split()
+            total += int(fields[11]) + int(fields[12])
+        return total / _CLK_TCK
+
     def status_kb(self, key: str) -> int:
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
             if line.startswith(key + ":"):

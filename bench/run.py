@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import dataclasses
 import os
 import shutil
 import signal
@@ -86,13 +87,13 @@ class Scenario:
 
 
 FULL = (
-    Scenario("latency", 1, 200, 16),
+    Scenario("latency", 1, 1000, 16),
     Scenario("throughput", 64, 2000, 64),
     Scenario("slow", 512, 512, 20, delay_ms=50),
     Scenario("multimodal", 8, 400, 16, multimodal=True),
-    Scenario("responses_latency", 1, 200, 16, api="responses"),
+    Scenario("responses_latency", 1, 1000, 16, api="responses"),
     Scenario("responses_throughput", 64, 2000, 64, api="responses"),
-    Scenario("messages_latency", 1, 200, 16, api="messages"),
+    Scenario("messages_latency", 1, 1000, 16, api="messages"),
     Scenario("messages_throughput", 64, 2000, 64, api="messages"),
 )
 QUICK = (
@@ -283,6 +284,8 @@ def _figures(load: LoadResult, server: Child, sim: Child, cpu: dict[str, float])
         "ttft_p99_ms": _ms(_pct([r.ttft_s for r in ok if r.ttft_s is not None], 0.99)),
         "stream_p50_ms": _ms(_pct([r.duration_s for r in ok], 0.5)),
         "cpu_s_per_1000": round(cpu["server"] * per_k, 4),
+        # of which threads other than the event loop's (receipt writer, executor)
+        "threads_cpu_s_per_1000": round(cpu["server_threads"] * per_k, 4),
         "peak_rss_mb": round(server.status_kb("VmHWM") / 1024, 1),
         "sim_cpu_s_per_1000": round(cpu["sim"] * per_k, 4),
         "client_cpu_s_per_1000": round(cpu["client"] * per_k, 4),
@@ -332,16 +335,25 @@ def _measure(
             # closes.
             written = _settle(receipts, written + scenario.concurrency)
             server.reset_peak_rss()
-            before = {"server": server.cpu_s(), "sim": sim.cpu_s(), "client": time.process_time()}
+            before = _cpu(server, sim)
             measured = load(payload_for, scenario.total)
             _settle(receipts, written + sum(1 for r in measured.results if r.sent))
-            after = {"server": server.cpu_s(), "sim": sim.cpu_s(), "client": time.process_time()}
+            after = _cpu(server, sim)
         finally:
             close_connections(conns)
     cpu = {k: after[k] - before[k] for k in before}
     if server is sim:
         cpu["sim"] = cpu["server"]
     return _figures(measured, server, sim, cpu)
+
+
+def _cpu(server: Child, sim: Child) -> dict[str, float]:
+    return {
+        "server": server.cpu_s(),
+        "server_threads": server.thread_cpu_s(),
+        "sim": sim.cpu_s(),
+        "client": time.process_time(),
+    }
 
 
 def _lines(path: Path | None) -> int:
@@ -506,7 +518,9 @@ def table(report: dict[str, Any]) -> str:
 # ------------------------------------------------------------------- main
 
 
-def _start_profiler(directory: Path | None, pid: int, name: str) -> Child | None:
+def _start_profiler(
+    directory: Path | None, pid: int, name: str, cpus: set[int] | None
+) -> Child | None:
     """py-spy on the gateway PID for one scenario (``--profile``; developer aid)."""
     if directory is None:
         return None
@@ -514,8 +528,10 @@ def _start_profiler(directory: Path | None, pid: int, name: str) -> Child | None
     if not spy.exists():
         raise SystemExit("--profile needs py-spy: pip install -e '.[profile]'")
     directory.mkdir(parents=True, exist_ok=True)
-    argv = [str(spy), "record", "--nonblocking", "-r", "200", "-f", "raw", "-p", str(pid)]
-    child = Child(f"py-spy-{name}", [*argv, "-o", str(directory / f"{name}.txt")], directory, {})
+    argv = [str(spy), "record", "--nonblocking", "-r", "1000", "-f", "raw", "-p", str(pid)]
+    # Off the gateway's CPU: a sampler sharing it would be counted as its cost.
+    out = str(directory / f"{name}.txt")
+    child = Child(f"py-spy-{name}", [*argv, "-o", out], directory, {}, cpus=cpus)
     if not eventually(lambda: b"Sampling process" in child.stdout_path.read_bytes(), 10):
         child.stop()
         raise RuntimeError("py-spy did not attach to the gateway")
@@ -542,9 +558,18 @@ def _placement() -> dict[str, set[int]] | None:
 
 
 def run(
-    quick: bool, out: Path, only: list[str] | None = None, profile: Path | None = None
+    quick: bool,
+    out: Path,
+    only: list[str] | None = None,
+    profile: Path | None = None,
+    latency_requests: int | None = None,
 ) -> dict[str, Any]:
     scenarios = tuple(s for s in (QUICK if quick else FULL) if not only or s.name in only)
+    if latency_requests is not None:
+        scenarios = tuple(
+            dataclasses.replace(s, total=latency_requests) if s.concurrency == 1 else s
+            for s in scenarios
+        )
     budget_s, timeout_s = (15.0, 10.0) if quick else (60.0, 30.0)
     capacity = max(s.concurrency * 8 for s in scenarios) + 64
     workdir = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
@@ -573,13 +598,14 @@ def run(
         tokens = _tokens(secret)
         staged = _upload_samples(gw.port, tokens[0])
         results: dict[str, Any] = {}
+        client_cpus = None if placement is None else placement["load client"]
         for scenario in scenarios:
             directive = f"[[sim chunks={scenario.chunks} delay_ms={scenario.delay_ms:g}]]"
             warm = "[[sim chunks=2 delay_ms=50]]"
             entry: dict[str, Any] = {"params": scenario.__dict__.copy()}
             for target, server in (("direct", sim), ("gateway", gw)):
                 via = server is gw
-                spy = _start_profiler(profile, gw.pid, scenario.name) if via else None
+                spy = _start_profiler(profile, gw.pid, scenario.name, client_cpus) if via else None
                 media: list[tuple[str, str]] = []
                 if scenario.multimodal:
                     media = [(k, f"evidence:{i}") for k, i in staged] if via else _direct_media()
@@ -626,8 +652,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON")
     parser.add_argument("--only", action="append", help="run only this scenario (repeatable)")
     parser.add_argument("--profile", type=Path, help="py-spy the gateway into this folder")
+    parser.add_argument(
+        "--latency-requests", type=int, help="requests of the C=1 scenarios (bench.budget)"
+    )
     args = parser.parse_args(argv)
-    report = run(args.quick, args.out, args.only, args.profile)
+    report = run(args.quick, args.out, args.only, args.profile, args.latency_requests)
     print(table(report))
     print()
     print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())

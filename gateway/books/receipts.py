@@ -76,7 +76,6 @@ __all__ = [
 
 log = logging.getLogger("gateway.receipts")
 
-_LINGER_S = 0.005
 #: retry delays while writing fails: doubling from the first, capped at the last
 _BACKOFF_S = (0.05, 2.0)
 #: bytes per append: bounds one thread hop and keeps rotated files near their bound
@@ -176,6 +175,7 @@ class ReceiptWriter:
         max_pending: int = 100_000,
         rotate_bytes: int = 0,
         keep: int = 10,
+        linger_s: float = 0.02,
         on_error: Callable[[], None] | None = None,
         on_lost: Callable[[int], None] | None = None,
         on_pending: Callable[[int], None] | None = None,
@@ -186,6 +186,7 @@ class ReceiptWriter:
         self._max_pending = max_pending
         self._rotate_bytes = rotate_bytes
         self._keep = keep
+        self._linger_s = linger_s
         self._on_error = on_error
         self._on_lost = on_lost
         self._on_pending = on_pending
@@ -293,10 +294,11 @@ class ReceiptWriter:
         delay = _BACKOFF_S[0]
         while True:
             await self._wakeup.wait()
-            if not self._closed and not self._failing:
-                # Linger briefly so a busy gateway pays one thread hop and one
-                # fsync per batch, not per receipt (profile: ~15% of CPU at C=1).
-                await asyncio.sleep(_LINGER_S)
+            if not self._closed and not self._failing and self._linger_s:
+                # Linger so that a gateway pays one thread hop and one fsync per
+                # batch, not per receipt: at 5 ms, C=1 still paid a fsync per ~4
+                # requests, ~8 % of its CPU (issue 26's profile).
+                await asyncio.sleep(self._linger_s)
             self._wakeup.clear()
             while self._pending or self._reopen:
                 try:

@@ -29,6 +29,13 @@ class AuditConfig(Model):
         5,
         description="How long a drain waits for the writer.",
     )
+    flush_interval_ms: Annotated[float, Field(ge=0, le=1000)] = Field(
+        20,
+        description=(
+            "Receipts queued within this long of the first share one write and one fsync "
+            "(a crash can lose this much more; 0: a batch per wakeup)."
+        ),
+    )
     rotate_bytes: Annotated[int, Field(ge=0)] = Field(
         0,
         description=(

@@ -58,6 +58,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from gateway.config import ListenConfig
 from gateway.core.errors import GatewayError
 from gateway.http.asgi import ABORT_EXTENSION
+from gateway.http.cork import CorkedTransport
 from gateway.observe.metrics import UNKNOWN_TENANT
 
 log = logging.getLogger("gateway")
@@ -91,7 +92,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     # ------------------------------------------------------- asyncio side
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)  # type: ignore[arg-type]
+        # One send per loop turn, not per ASGI message (gateway/http/cork.py).
+        corked = CorkedTransport(cast(asyncio.Transport, transport), self.loop)
+        super().connection_made(corked)  # type: ignore[arg-type]
         self._arm_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -261,6 +261,7 @@ async def build_runtime(loaded: Loaded, tracing: Tracing | None = None) -> Runti
         max_pending=audit.max_pending,
         rotate_bytes=audit.rotate_bytes,
         keep=audit.keep,
+        linger_s=audit.flush_interval_ms / 1000,
         on_error=metrics.receipt_errors.inc,
         on_lost=metrics.receipts_lost.inc,
         on_pending=metrics.receipts_pending.set,

@@ -41,6 +41,8 @@ _CONTENT_TYPES = _ACCEPT
 
 
 _MAX_LISTING_BYTES = 1_048_576
+#: what one write to the worker may join (the request head and body pieces)
+_COALESCE_BYTES = 65_536
 
 
 class _BadBody(Exception):
@@ -202,10 +204,18 @@ class Upstream:
             raise GatewayError("upstream_unavailable", outcome="upstream_error") from exc
         try:
             conn.begin()
-            await conn.write(head, self._write_timeout_s)
+            # Pieces are joined up to _COALESCE_BYTES before a write: a plain
+            # body and its head go in one send (one syscall, one segment), and
+            # media pieces stay bounded in memory.
+            pending = head
             try:
                 async for piece in pieces:
-                    await conn.write(piece, self._write_timeout_s)
+                    if len(pending) + len(piece) > _COALESCE_BYTES:
+                        await conn.write(pending, self._write_timeout_s)
+                        pending = piece
+                    else:
+                        pending += piece
+                await conn.write(pending, self._write_timeout_s)
             except WireError:
                 # A worker may answer (413) and close before the body is all sent.
                 if not conn.head_done:
