@@ -314,7 +314,7 @@ class StreamValidator(Generic[T_co]):
         self._event_bytes += end - start
         return line
 
-    def _one_line_event(self) -> T_co | None | _Slow:
+    def _one_line_event(self) -> T_co | _Slow | None:
         """The grammar's item for the event at the buffer's start when it is
         exactly ``data: X`` LF LF (X holding no CR); else :data:`_SLOW` and
         nothing consumed: the general path then frames it, with the same result

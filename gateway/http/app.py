@@ -30,6 +30,7 @@ from gateway.http.inference import InferenceEndpoint
 from gateway.http.responses_api import response_cancel, response_input_items, response_item
 from gateway.http.routes import livez, metrics, models, readyz
 from gateway.observe.access import RequestInfo
+from gateway.observe.logs import access_writer
 from gateway.observe.tracing import NO_SPAN, NS, Tracing, failed
 from gateway.pipeline.runtime import Runtime, build_runtime, close_runtime, start_background
 from gateway.types import Receive, Scope, Send
@@ -98,6 +99,7 @@ class GatewayApp:
         self.inference = inference
         self.origins = frozenset(o.encode() for o in cors.allow_origins)
         self.max_age = str(cors.max_age_s).encode()
+        self.access = access_writer(access_log)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -179,9 +181,8 @@ class GatewayApp:
                 },
             )
         if access_log.isEnabledFor(logging.INFO):
-            access_log.info(
-                "request",
-                extra={
+            self.access(
+                {
                     "request_id": info.request_id,
                     "tenant": info.tenant,
                     "route": info.endpoint,
@@ -190,7 +191,7 @@ class GatewayApp:
                     "outcome": info.outcome,
                     "error_code": info.error_code,
                     "duration_ms": round(elapsed * 1000, 3),
-                },
+                }
             )
 
 

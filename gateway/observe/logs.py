@@ -7,10 +7,12 @@ cannot leak a prompt or token into the log.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 
 import orjson
 
@@ -27,11 +29,17 @@ _FIELDS = (
 )
 
 
+def _ts(created: float) -> str:
+    return (
+        time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created))
+        + f".{int((created % 1) * 1000):03d}Z"
+    )
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, object] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
+            "ts": _ts(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -47,10 +55,79 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(entry).decode()
 
 
+class JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Every record as one JSON line on stderr; access lines held briefly.
+
+    The access line (one per request) skips the logging machinery (a record,
+    its handlers, a write and a flush each: ~10 % of a streamed request's
+    CPU in issue 26's profile): :meth:`access` formats it with the same keys
+    and holds it, and the lines held go out together, at most
+    :attr:`HOLD_S` later, after :attr:`HOLD_LINES` lines, or before any other
+    record, so the order of lines on stderr is the order they were made. A
+    held line reaches stderr at exit too (``logging.shutdown`` flushes).
+    """
+
+    HOLD_S = 0.1
+    HOLD_LINES = 64
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+        self._held: list[bytes] = []
+        self._timer: asyncio.TimerHandle | None = None
+
+    def access(self, fields: dict[str, object]) -> None:
+        """The access line of one request (on the event loop's thread)."""
+        entry: dict[str, object] = {
+            "ts": _ts(time.time()),
+            "level": "info",
+            "logger": "gateway.access",
+            "msg": "request",
+        }
+        for name in _FIELDS:  # as the formatter does: no key beyond these
+            if name in fields:
+                entry[name] = fields[name]
+        line = orjson.dumps(entry)
+        with self.lock:  # type: ignore[union-attr]
+            self._held.append(line)
+            if len(self._held) >= self.HOLD_LINES:
+                self._write_held()
+            elif self._timer is None:
+                self._timer = asyncio.get_running_loop().call_later(self.HOLD_S, self.flush)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with self.lock:  # type: ignore[union-attr]
+            self._write_held()
+        super().emit(record)
+
+    def flush(self) -> None:
+        with self.lock:  # type: ignore[union-attr]
+            self._write_held()
+        super().flush()
+
+    def _write_held(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._held:
+            held, self._held = self._held, []
+            stream = self.stream
+            stream.write(b"\n".join(held).decode() + "\n")
+            stream.flush()
+
+
+def access_writer(logger: logging.Logger) -> Callable[[dict[str, object]], None]:
+    """Where the app writes access lines: the JSON-lines handler's holder when
+    ``setup_logging`` installed it, else ``logger`` (in-process tests)."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, JsonLinesHandler):
+            return handler.access
+    return lambda fields: logger.info("request", extra=fields)
+
+
 def setup_logging(level: str) -> None:
     """Level from GATEWAY_LOG_LEVEL when set, else from config."""
     chosen = os.environ.get("GATEWAY_LOG_LEVEL", level).upper()
-    handler = logging.StreamHandler(sys.stderr)
+    handler = JsonLinesHandler()
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from gateway.observe.histogram import FastHistogram
 
 UNKNOWN_TENANT = "-"
 
@@ -53,14 +55,14 @@ class GatewayMetrics:
             ["tenant", "endpoint", "status"],
             registry=r,
         )
-        self.duration = Histogram(
+        self.duration = FastHistogram(
             "gateway_request_duration_seconds",
             "Time from request start to the last byte sent.",
             ["endpoint"],
             buckets=_DURATION_BUCKETS,
             registry=r,
         )
-        self.ttft = Histogram(
+        self.ttft = FastHistogram(
             "gateway_ttft_seconds",
             "Time from request start to the first content event sent or assembled.",
             buckets=_TTFT_BUCKETS,
@@ -87,20 +89,20 @@ class GatewayMetrics:
             ["upstream"],
             registry=r,
         )
-        self.admission_wait = Histogram(
+        self.admission_wait = FastHistogram(
             "gateway_admission_wait_seconds",
             "Time spent waiting for admission permits.",
             buckets=_WAIT_BUCKETS,
             registry=r,
         )
-        self.stages = Histogram(
+        self.stages = FastHistogram(
             "gateway_stage_seconds",
             "Time per stage of an inference request (receipt timings_ms, spec §20).",
             ["stage"],
             buckets=_STAGE_BUCKETS,
             registry=r,
         )
-        self.cancel_confirm = Histogram(
+        self.cancel_confirm = FastHistogram(
             "gateway_cancel_confirm_seconds",
             "From a canceled request's end to the worker's confirmation that it stopped.",
             ["upstream"],
@@ -156,7 +158,7 @@ class GatewayMetrics:
         for result in ("applied", "refused"):
             self.reloads.labels(result)
         # Limits store calls (spec §15): loopback Redis answers in ~0.1-1 ms.
-        self.limits_store_seconds = Histogram(
+        self.limits_store_seconds = FastHistogram(
             "gateway_limits_store_seconds",
             "Time of one limits-store call, by operation (reserve|settle|probe).",
             ["op"],
@@ -172,7 +174,7 @@ class GatewayMetrics:
         for op in ("reserve", "settle", "probe", "renew"):
             self.limits_store_errors.labels(op)
         # State store calls (spec §17): evidence, leases, kept responses.
-        self.state_store_seconds = Histogram(
+        self.state_store_seconds = FastHistogram(
             "gateway_state_store_seconds",
             "Time of one state-store call (SQLite or PostgreSQL), by operation.",
             ["op"],
@@ -192,7 +194,7 @@ class GatewayMetrics:
             ["release", "arm", "outcome"],
             registry=r,
         )
-        self.release_ttft = Histogram(
+        self.release_ttft = FastHistogram(
             "gateway_release_ttft_seconds",
             "Time to first token of a release's requests, by arm.",
             ["release", "arm"],
