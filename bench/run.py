@@ -13,7 +13,10 @@ first non-empty ``response.output_text.delta``). Per scenario and target it repo
 requests ok/sent, req/s, TTFT p50/p99 (request sent → first content event),
 stream duration p50, CPU seconds per 1000 requests of the serving process
 (``/proc/<pid>/stat``: the simulator direct, the gateway through it), peak RSS
-(``VmHWM``) and each figure's ratio to direct. Every stream must end with
+(``VmHWM``) and each figure's ratio to direct. With ``--nginx`` a third target,
+a plain nginx reverse proxy on the gateway's CPU in front of the same
+simulator, is measured like the gateway for reference (columns ``nginx`` and
+``gw/nginx``). Every stream must end with
 ``[DONE]``; anything else is counted as an error. Bounded: every loop is
 bounded in count and time, and the children are stopped in ``finally``.
 """
@@ -51,7 +54,15 @@ from bench.loadgen import (
     open_connections,
     run_load,
 )
-from bench.procs import Child, gateway_command, start_simulator, wait_ready
+from bench.procs import (
+    Child,
+    Nginx,
+    gateway_command,
+    nginx_binary,
+    nginx_version,
+    start_simulator,
+    wait_ready,
+)
 from gateway.testing.harness import (
     DEMO_SECRET_ENV,
     SIM_ROUTE,
@@ -490,10 +501,26 @@ def _fmt(value: Any) -> str:
 
 
 def table(report: dict[str, Any]) -> str:
-    rows = [("scenario", "figure", "direct", "gateway", "ratio")]
+    # The nginx and gw/nginx columns only when nginx ran (--nginx).
+    with_nginx = any("nginx" in e for e in report["scenarios"].values())
+    sides = ("direct", "gateway", "nginx") if with_nginx else ("direct", "gateway")
+    rows: list[tuple[str, ...]] = [("scenario", "figure", "direct", "gateway", "ratio")]
+    if with_nginx:
+        rows[0] += ("nginx", "gw/nginx")
+
+    def cells(
+        first: str, label: str, values: list[str], ratio: str, vs_nginx: str
+    ) -> tuple[str, ...]:
+        out = (first, label, values[0], values[1], ratio)
+        return (*out, values[2], vs_nginx) if with_nginx else out
+
     for name, entry in report["scenarios"].items():
-        d, g, r = entry["direct"], entry["gateway"], entry["ratio"]
-        rows.append((name, "ok/sent", f"{d['ok']}/{d['sent']}", f"{g['ok']}/{g['sent']}", ""))
+        figures = [entry.get(side) for side in sides]
+        r = entry["ratio"]
+        n = entry.get("nginx")
+        vs_nginx = _ratios(n, entry["gateway"]) if n is not None else None
+        ok_sent = [f"{f['ok']}/{f['sent']}" if f else "-" for f in figures]
+        rows.append(cells(name, "ok/sent", ok_sent, "", ""))
         for key, label in (
             ("rps", "req/s"),
             ("ttft_p50_ms", "TTFT p50 ms"),
@@ -502,12 +529,18 @@ def table(report: dict[str, Any]) -> str:
             ("cpu_s_per_1000", "CPU s/1000 req (*)"),
             ("peak_rss_mb", "peak RSS MB (*)"),
         ):
-            rows.append(("", label, _fmt(d[key]), _fmt(g[key]), _fmt(r[key])))
-        rows.append(("", "errors", str(d["errors"]), str(g["errors"]), ""))
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+            values = [_fmt(f[key]) if f else "-" for f in figures]
+            gw_nginx = _fmt(vs_nginx[key]) if vs_nginx is not None else "-"
+            rows.append(cells("", label, values, _fmt(r[key]), gw_nginx))
+        errors = [str(f["errors"]) if f else "-" for f in figures]
+        rows.append(cells("", "errors", errors, "", ""))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    lines.append("(*) direct: the simulator process; gateway: the gateway process alone")
+    footnote = "(*) direct: the simulator process; gateway: the gateway process alone"
+    if with_nginx:
+        footnote += "; nginx: master + worker CPU, the worker's RSS"
+    lines.append(footnote)
     lines.append("")
     for t in report["targets"]:
         mark = "ok  " if t["met"] else "MISS"
@@ -563,6 +596,7 @@ def run(
     only: list[str] | None = None,
     profile: Path | None = None,
     latency_requests: int | None = None,
+    nginx: bool = False,
 ) -> dict[str, Any]:
     scenarios = tuple(s for s in (QUICK if quick else FULL) if not only or s.name in only)
     if latency_requests is not None:
@@ -579,6 +613,9 @@ def run(
     children: list[Child] = []
     placement = _placement()
     before_affinity = os.sched_getaffinity(0)
+    nginx_bin = nginx_binary() if nginx else None
+    if nginx and nginx_bin is None:
+        print("--nginx: no nginx binary (PATH, /usr/sbin/nginx); the nginx column is skipped")
     try:
         if placement is not None:
             os.sched_setaffinity(0, placement["load client"])
@@ -597,13 +634,26 @@ def run(
         wait_ready(gw.port)
         tokens = _tokens(secret)
         staged = _upload_samples(gw.port, tokens[0])
+        sides: list[tuple[str, Child]] = [("direct", sim), ("gateway", gw)]
+        if nginx_bin is not None:
+            # The reference proxy: on the gateway's CPU, in front of the same simulator.
+            proxy = Nginx(
+                nginx_bin,
+                workdir,
+                sim.port,
+                env,
+                cpus=None if placement is None else placement["gateway"],
+            )
+            children.append(proxy)
+            proxy.wait_serving()
+            sides.append(("nginx", proxy))
         results: dict[str, Any] = {}
         client_cpus = None if placement is None else placement["load client"]
         for scenario in scenarios:
             directive = f"[[sim chunks={scenario.chunks} delay_ms={scenario.delay_ms:g}]]"
             warm = "[[sim chunks=2 delay_ms=50]]"
             entry: dict[str, Any] = {"params": scenario.__dict__.copy()}
-            for target, server in (("direct", sim), ("gateway", gw)):
+            for target, server in sides:
                 via = server is gw
                 spy = _start_profiler(profile, gw.pid, scenario.name, client_cpus) if via else None
                 media: list[tuple[str, str]] = []
@@ -630,7 +680,7 @@ def run(
         shutil.rmtree(workdir, ignore_errors=True)
         if placement is not None:
             os.sched_setaffinity(0, before_affinity)
-    report = {
+    report: dict[str, Any] = {
         "version": 1,
         "quick": quick,
         "cpus": os.cpu_count(),
@@ -641,6 +691,8 @@ def run(
         "scenarios": results,
         "targets": _targets(results),
     }
+    if nginx_bin is not None:
+        report["nginx"] = nginx_version(nginx_bin)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
     return report
@@ -655,8 +707,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--latency-requests", type=int, help="requests of the C=1 scenarios (bench.budget)"
     )
+    parser.add_argument(
+        "--nginx", action="store_true", help="also measure a plain nginx proxy (reference)"
+    )
     args = parser.parse_args(argv)
-    report = run(args.quick, args.out, args.only, args.profile, args.latency_requests)
+    report = run(
+        args.quick, args.out, args.only, args.profile, args.latency_requests, nginx=args.nginx
+    )
     print(table(report))
     print()
     print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())

@@ -24,6 +24,7 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from gateway.config import GatewayConfig
 from gateway.config.loader import load_config
+from gateway.observe.histogram import FastHistogram
 from gateway.observe.metrics import GatewayMetrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,6 +68,8 @@ def registry_samples() -> dict[str, frozenset[str]]:
     for value in vars(metrics).values():
         if isinstance(value, MetricWrapperBase) and value._labelnames:
             value.labels(*("x" for _ in value._labelnames))
+        elif isinstance(value, FastHistogram) and value.labelnames:
+            value.labels(*("x" for _ in value.labelnames))
     samples: dict[str, set[str]] = {}
     for family in metrics.registry.collect():
         for sample in family.samples:

@@ -63,6 +63,10 @@ class FastHistogram:
             self._children[()] = _Child(bounds)
         registry.register(self)
 
+    @property
+    def labelnames(self) -> tuple[str, ...]:
+        return self._labelnames
+
     def labels(self, *values: str) -> _Child:
         child = self._children.get(values)
         if child is None:
