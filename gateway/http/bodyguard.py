@@ -16,6 +16,7 @@ import orjson
 
 from gateway.core.errors import GatewayError
 from gateway.http.asgi import header
+from gateway.pipeline.deadline import Deadline
 from gateway.types import Receive
 
 
@@ -26,7 +27,20 @@ class ClientDisconnected(Exception):
 async def read_body(scope: dict[str, Any], receive: Receive, limit: int, timeout_s: float) -> bytes:
     """The whole body, or a refusal; it must arrive within ``timeout_s`` (a caller
     trickling a body holds a task and a buffer, so not for long)."""
-    return b"".join([piece async for piece in body_pieces(scope, receive, limit, timeout_s)])
+    check_framing(scope, limit)
+    pieces: list[bytes] = []
+    size = 0
+    try:
+        # One timer for the whole read (the body is usually in hand already).
+        async with Deadline(asyncio.get_running_loop().time() + timeout_s):
+            more = True
+            while more:
+                chunk, more = _taken(await receive())
+                size = _counted(size, chunk, limit)
+                pieces.append(chunk)
+    except TimeoutError as exc:
+        raise _timed_out() from exc
+    return b"".join(pieces)
 
 
 async def body_pieces(
@@ -38,23 +52,37 @@ async def body_pieces(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     size = 0
-    while True:
+    more = True
+    while more:
         try:
+            # Per message: the consumer's own work between pieces is not timed here.
             async with asyncio.timeout_at(deadline):
                 message = await receive()
         except TimeoutError as exc:
-            # The rest of the body may still be in flight: this connection is done.
-            raise GatewayError("request_timeout", headers={"connection": "close"}) from exc
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnected
-        chunk: bytes = message.get("body", b"")
+            raise _timed_out() from exc
+        chunk, more = _taken(message)
+        size = _counted(size, chunk, limit)
         if chunk:
-            size += len(chunk)
-            if size > limit:
-                raise GatewayError("body_too_large")
             yield chunk
-        if not message.get("more_body", False):
-            return
+
+
+def _taken(message: dict[str, Any]) -> tuple[bytes, bool]:
+    """A body message's bytes and whether more follow."""
+    if message["type"] == "http.disconnect":
+        raise ClientDisconnected
+    return message.get("body", b""), bool(message.get("more_body", False))
+
+
+def _counted(size: int, chunk: bytes, limit: int) -> int:
+    size += len(chunk)
+    if size > limit:
+        raise GatewayError("body_too_large")
+    return size
+
+
+def _timed_out() -> GatewayError:
+    # The rest of the body may still be in flight: this connection is done.
+    return GatewayError("request_timeout", headers={"connection": "close"})
 
 
 def declared_length(scope: dict[str, Any]) -> int | None:

@@ -25,9 +25,13 @@ _EARLY_S = 0.001
 class Deadline:
     __slots__ = ("_armed_at", "_cancelling", "_expired", "_handle", "_loop", "_task", "_when")
 
-    def __init__(self, when: float) -> None:
+    def __init__(self, when: float, *, first_check: float | None = None) -> None:
+        """``first_check``: when the one timer first looks (at most ``when``). A
+        deadline that will soon move later -- the first-event deadline, which
+        becomes the shorter idle one -- checks first at the later value, so the
+        move is a float store, not a second timer."""
         self._when = when
-        self._armed_at = when
+        self._armed_at = when if first_check is None else min(first_check, when)
         self._expired = False
         self._handle: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -41,7 +45,7 @@ class Deadline:
         """Set the deadline (loop time); later is a float store, earlier re-arms."""
         self._when = when
         if when < self._armed_at and self._loop is not None and not self._expired:
-            self._arm()
+            self._arm(when)
 
     async def __aenter__(self) -> Deadline:
         task = asyncio.current_task()
@@ -50,7 +54,7 @@ class Deadline:
         self._loop = asyncio.get_running_loop()
         self._task = task
         self._cancelling = task.cancelling()
-        self._arm()
+        self._arm(self._armed_at)
         return self
 
     async def __aexit__(
@@ -73,18 +77,18 @@ class Deadline:
         ):
             raise TimeoutError from exc
 
-    def _arm(self) -> None:
+    def _arm(self, at: float) -> None:
         assert self._loop is not None
         if self._handle is not None:
             self._handle.cancel()
-        self._armed_at = self._when
-        self._handle = self._loop.call_at(self._when, self._fire)
+        self._armed_at = at
+        self._handle = self._loop.call_at(at, self._fire)
 
     def _fire(self) -> None:
         assert self._loop is not None and self._task is not None
         self._handle = None
         if self._loop.time() + _EARLY_S < self._when:
-            self._arm()  # moved later since armed: wait for the rest
+            self._arm(self._when)  # moved later since armed: wait for the rest
             return
         self._expired = True
         self._task.cancel()

@@ -104,3 +104,26 @@ async def test_moving_after_exit_does_nothing() -> None:
     await asyncio.sleep(0.05)  # not cancelled
     task = asyncio.current_task()
     assert task is not None and task.cancelling() == 0
+
+
+async def test_a_first_check_before_when_still_expires_at_when() -> None:
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(TimeoutError):
+        async with Deadline(start + 0.12, first_check=start + 0.02):
+            await _forever()
+    assert loop.time() - start >= 0.119
+
+
+async def test_a_move_to_past_the_first_check_needs_no_new_timer() -> None:
+    # The relay's case: armed at the idle deadline, the first event moves it later.
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(TimeoutError):
+        async with Deadline(start + 1.0, first_check=start + 0.03) as deadline:
+            armed = deadline._handle
+            deadline.move_to(start + 0.08)
+            assert deadline._handle is armed  # a float store
+            await _forever()
+    elapsed = loop.time() - start
+    assert 0.079 <= elapsed < 0.5
