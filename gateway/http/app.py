@@ -33,6 +33,7 @@ from gateway.observe.access import RequestInfo
 from gateway.observe.logs import access_writer
 from gateway.observe.tracing import NO_SPAN, NS, Tracing, failed
 from gateway.pipeline.runtime import Runtime, build_runtime, close_runtime, start_background
+from gateway.pipeline.timings import ms
 from gateway.types import Receive, Scope, Send
 
 access_log = logging.getLogger("gateway.access")
@@ -190,7 +191,7 @@ class GatewayApp:
                     "status": info.status,
                     "outcome": info.outcome,
                     "error_code": info.error_code,
-                    "duration_ms": round(elapsed * 1000, 3),
+                    "duration_ms": ms(elapsed),
                 }
             )
 

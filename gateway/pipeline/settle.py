@@ -18,7 +18,7 @@ from gateway.observe.tracing import NO_SPAN, failed
 from gateway.pipeline.call import Call
 from gateway.pipeline.media import record_artifacts
 from gateway.pipeline.spans import request_attributes
-from gateway.pipeline.timings import as_ms
+from gateway.pipeline.timings import as_ms, ms
 from gateway.pipeline.worker import usage_of_call
 from gateway.upstream.confirm import CancelConfirmer, State
 
@@ -67,7 +67,7 @@ def settle(call: Call, api: Api) -> None:
         receipt.usage = call.usage or usage_of_call(call)
         if relay.state.first_content_at is not None:
             ttft = relay.state.first_content_at - info.started
-            receipt.ttft_ms = round(ttft * 1000, 3)
+            receipt.ttft_ms = ms(ttft)
             rt.metrics.ttft.observe(ttft)
     decision = decide(facts)
     receipt.outcome, receipt.error_code = decision.outcome, decision.error_code
@@ -88,7 +88,7 @@ def settle(call: Call, api: Api) -> None:
         used = receipt.usage.total_tokens if billed and receipt.usage is not None else 0
         rt.ratelimit.settle(call.reservation, used)
     ended = time.monotonic()
-    receipt.duration_ms = round((ended - info.started) * 1000, 3)
+    receipt.duration_ms = ms(ended - info.started)
     _record_timings(call, ended)
     info.outcome = receipt.outcome
     if facts.shutdown and info.error_code is None and not facts.finished:

@@ -25,7 +25,7 @@ from gateway.core.errors import GatewayError
 from gateway.observe.tracing import NS, step
 from gateway.pipeline.call import Call
 from gateway.pipeline.media import body_layout, lease_records, stage_inline
-from gateway.pipeline.timings import now
+from gateway.pipeline.timings import ms, now
 from gateway.pipeline.worker import call_worker
 from gateway.ratelimit import TenantLimits
 from gateway.upstream.table import Resolved, Worker
@@ -104,7 +104,7 @@ async def run(call: Call, api: Api, plan: Plan) -> None:
     with step(call.info.span, "gateway.admission", {NS + "upstream": worker.name}):
         call.permit = await _permit(call, worker, plan)
     waited = call.timings.admission = now() - queued_at
-    call.receipt.queue_ms = round(waited * 1000, 3)
+    call.receipt.queue_ms = ms(waited)
     rt.metrics.admission_wait.observe(waited)
 
     if any(ref.source == "data" for ref in plan.media):
@@ -153,7 +153,7 @@ async def _reroute(call: Call, api: Api, forward: dict[str, Any], other: Resolve
         call.permit = await _permit(call, other.worker, plan)
     waited = now() - queued_at
     call.timings.admission = (call.timings.admission or 0.0) + waited
-    call.receipt.queue_ms = round(call.timings.admission * 1000, 3)
+    call.receipt.queue_ms = ms(call.timings.admission)
     return body
 
 

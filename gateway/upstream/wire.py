@@ -230,6 +230,18 @@ class WireConnection(asyncio.Protocol):
         self._close()
 
 
+class _Slots(asyncio.Semaphore):
+    """asyncio's semaphore with a cheaper ``locked``: 3.11's builds a generator
+    over its waiters on every call, twice per ``acquire`` (~3 % of a streamed
+    request's CPU in issue 26's profile). Same answer, same state."""
+
+    def locked(self) -> bool:
+        if self._value == 0:
+            return True
+        waiters = self._waiters
+        return waiters is not None and any(not w.cancelled() for w in waiters)
+
+
 class WirePool:
     def __init__(
         self,
@@ -245,7 +257,7 @@ class WirePool:
         self.tls = tls
         self.connect_timeout_s = connect_timeout_s
         self.keepalive_expiry_s = keepalive_expiry_s
-        self._slots = asyncio.Semaphore(max_connections)
+        self._slots = _Slots(max_connections)
         self._idle: list[WireConnection] = []
 
     async def acquire(self) -> WireConnection:
