@@ -251,3 +251,42 @@ def test_a_subject_at_the_bound_is_kept_whole() -> None:
     assert json.loads(receipt_line(receipt))["subject"] == "s" * MAX_SUBJECT_CHARS
     receipt.subject = "s" * (MAX_SUBJECT_CHARS + 1)
     assert json.loads(receipt_line(receipt))["subject"] == "s" * MAX_SUBJECT_CHARS
+
+
+async def test_a_steady_stream_is_written_in_batches_of_the_flush_interval(
+    tmp_path: Path,
+) -> None:
+    # Receipts arriving faster than an fsync takes: the writer must not chase
+    # the lines queued during each fsync with a fsync of their own.
+    writer = ReceiptWriter(tmp_path / "receipts.jsonl", linger_s=0.05)
+    await writer.start()
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    sent = 0
+    while loop.time() - began < 0.3 and sent < 50_000:
+        writer.write(_receipt(sent))
+        sent += 1
+        await asyncio.sleep(0)
+    spent = loop.time() - began
+    await writer.flush(5)
+    assert writer.written == sent
+    await writer.aclose()
+    written = (tmp_path / "receipts.jsonl").read_bytes()
+    assert len(written.splitlines()) == sent
+    # One batch per interval begun and a last one, plus one per 1 MiB (a
+    # batch's bound): the old writer made 182 here, one per fsync.
+    bound = spent / 0.05 + 2 + len(written) / (1 << 20)
+    assert writer.batches <= bound, (writer.batches, spent, sent)
+
+
+async def test_lines_queued_during_close_are_all_written(tmp_path: Path) -> None:
+    writer = ReceiptWriter(tmp_path / "receipts.jsonl", linger_s=0.05)
+    await writer.start()
+    for i in range(10):
+        writer.write(_receipt(i))
+    closing = asyncio.ensure_future(writer.aclose(5))
+    await asyncio.sleep(0)
+    for i in range(10, 20):
+        writer.write(_receipt(i))
+    assert await closing == 0
+    assert len((tmp_path / "receipts.jsonl").read_bytes().splitlines()) == 20
