@@ -40,10 +40,15 @@ demo: setup
 demo-engine: setup
 	$(BIN)/mistralrs-gateway demo --engine
 
-# The scenarios direct vs through the gateway, then what the state costs per
-# request on SQLite vs PostgreSQL, then what a release costs (bench/README.md).
+# The scenarios direct, through the gateway and through a plain nginx (for
+# reference), the per-stage CPU budget of one streamed request (py-spy), then
+# what the state costs per request on SQLite vs PostgreSQL, then what a
+# release costs (bench/README.md).
 bench: setup postgresql
-	$(BIN)/python -m bench.run
+	@bash bench/ensure-nginx.sh
+	$(BIN)/python -m pip install -q -e '.[profile]'
+	$(BIN)/python -m bench.run --nginx
+	$(BIN)/python -m bench.budget
 	$(BIN)/python -m bench.bench_state
 	$(BIN)/python -m bench.bench_release
 

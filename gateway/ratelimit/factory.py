@@ -9,7 +9,6 @@ from gateway.config import GatewayConfig
 from gateway.config.loader import ConfigError
 from gateway.ratelimit.base import LimitsStore, StoreMetrics
 from gateway.ratelimit.memory import MemoryLimitsStore
-from gateway.ratelimit.redis_store import RedisLimitsStore
 
 __all__ = ["LEASE_MARGIN_S", "build_limits_store", "lease_for", "store_password"]
 
@@ -45,6 +44,10 @@ def build_limits_store(
     lease_s = lease_for(config)
     if section.backend == "memory":
         return MemoryLimitsStore(lease_s=lease_s, metrics=metrics)
+    # Imported here: redis-py is ~9 MB of a replica's RSS that the memory store
+    # never uses (issue 26's peak-RSS target), as asyncpg is for SQLite state.
+    from gateway.ratelimit.redis_store import RedisLimitsStore
+
     return RedisLimitsStore.from_url(
         section.url,
         password=store_password(config, os.environ if environ is None else environ),

@@ -26,13 +26,6 @@ if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   exit 1
 fi
 echo "installing postgresql (the tests start their own servers; no service or cluster is started)"
-# policy-rc.d answering 101 stops the package's scripts from starting the service.
-created_policy=""
-if [ ! -e /usr/sbin/policy-rc.d ]; then
-  printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
-  chmod 755 /usr/sbin/policy-rc.d
-  created_policy=1
-fi
 # postgresql-common's postinst creates a cluster "main" unless
 # create_main_cluster is false. createcluster.conf itself is the package's
 # conffile (writing it first would make dpkg ask about it); the directory it
@@ -49,18 +42,13 @@ if [ ! -e "$cluster_conf" ]; then
   created_conf=1
 fi
 cleanup() {
-  if [ -n "$created_policy" ]; then rm -f /usr/sbin/policy-rc.d; fi
   if [ -n "$created_conf" ]; then rm -f "$cluster_conf"; fi
   if [ -n "$created_dir" ]; then rmdir "$(dirname "$cluster_conf")" 2>/dev/null || true; fi
 }
 trap cleanup EXIT
 clusters() { if command -v pg_lsclusters >/dev/null 2>&1; then pg_lsclusters -h | awk '{print $1, $2}'; fi; }
 before="$(clusters)"
-export DEBIAN_FRONTEND=noninteractive
-if ! apt-get install -y -q --no-install-recommends postgresql >/dev/null; then
-  apt-get update -q >/dev/null
-  apt-get install -y -q --no-install-recommends postgresql >/dev/null
-fi
+bash "$(dirname "$0")/apt-install-no-service.sh" postgresql
 # An older postgresql-common that ignores the include: drop (and stop) any
 # cluster the install made, never one that was there before.
 while read -r version name; do
