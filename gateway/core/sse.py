@@ -316,30 +316,50 @@ class StreamValidator(Generic[T_co]):
 
     def _one_line_event(self) -> T_co | _Slow | None:
         """The grammar's item for the event at the buffer's start when it is
-        exactly ``data: X`` LF LF (X holding no CR); else :data:`_SLOW` and
+        exactly ``data: X`` LF LF, or ``event: N`` LF ``data: X`` LF LF (the
+        Responses and Messages form), with no CR in it; else :data:`_SLOW` and
         nothing consumed: the general path then frames it, with the same result
         and the same errors."""
         buf, start = self._buf, self._pos
-        if not buf.startswith(b"data: ", start):
-            return _SLOW
-        match = _EOL.search(buf, start)
-        if match is None:
-            return _SLOW
-        end = match.start()
-        if buf[end] != _LF or end + 1 >= len(buf) or buf[end + 1] != _LF:
-            return _SLOW
         framing = self.framing
-        if end - start > framing.max_line_bytes or end - start > framing.max_event_bytes:
+        name: str | None = None
+        data_at = start
+        name_bytes = 0
+        if buf.startswith(b"event: ", start):
+            name_end = self._lf_line_end(start)
+            if name_end < 0 or name_end - start > framing.max_line_bytes:
+                return _SLOW
+            try:
+                name = buf[start + 7 : name_end].decode("utf-8") or None
+            except UnicodeDecodeError:
+                return _SLOW
+            data_at = name_end + 1
+            name_bytes = name_end - start
+        if not buf.startswith(b"data: ", data_at):
+            return _SLOW
+        end = self._lf_line_end(data_at)
+        if end < 0 or end + 1 >= len(buf) or buf[end + 1] != _LF:
+            return _SLOW
+        if end - data_at > framing.max_line_bytes:
+            return _SLOW
+        if name_bytes + end - data_at > framing.max_event_bytes:
             return _SLOW
         if self._events >= framing.max_events:
             return _SLOW
         try:
-            data = buf[start + 6 : end].decode("utf-8")
+            data = buf[data_at + 6 : end].decode("utf-8")
         except UnicodeDecodeError:
             return _SLOW
         self._pos = end + 2
         self._events += 1
-        return self.grammar.on_event(None, data)
+        return self.grammar.on_event(name, data)
+
+    def _lf_line_end(self, at: int) -> int:
+        """Where the line at ``at`` ends when it ends with a bare LF, else -1."""
+        match = _EOL.search(self._buf, at)
+        if match is None or self._buf[match.start()] != _LF:
+            return -1
+        return match.start()
 
     def _on_field(self, line: str) -> None:
         self._event_open = True
