@@ -164,6 +164,17 @@ class ChunkGrammar:
         return self._on_chunk(obj)
 
     def _check_identity(self, obj: dict[str, Any]) -> None:
+        if (
+            # Every chunk after the first: the same identity as the first
+            # (its types were checked then; ``type`` because True == 1).
+            self.chunk_id is not None
+            and obj.get("id") == self.chunk_id
+            and type(obj.get("created")) is int
+            and obj.get("created") == self.created
+            and obj.get("model") == self.model
+            and obj.get("object") == self._object
+        ):
+            return
         if obj.get("object") != self._object:
             raise violation("Upstream chunk has the wrong object type.")
         chunk_id, created, model = obj.get("id"), obj.get("created"), obj.get("model")
@@ -176,8 +187,8 @@ class ChunkGrammar:
             raise violation("Upstream chunk id changed within the stream.")
         if created != self.created:
             raise violation("Upstream chunk created changed within the stream.")
-        if model != self.model:
-            raise violation("Upstream chunk model changed within the stream.")
+        # Not the first chunk's identity (else the fast check returned): the model.
+        raise violation("Upstream chunk model changed within the stream.")
 
     def _on_chunk(self, obj: dict[str, Any]) -> Chunk:
         self._check_identity(obj)
