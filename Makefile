@@ -49,6 +49,7 @@ bench: setup postgresql
 	$(BIN)/python -m pip install -q -e '.[profile]'
 	$(BIN)/python -m bench.run --nginx
 	$(BIN)/python -m bench.budget
+	$(BIN)/python -m bench.bench_instructions
 	$(BIN)/python -m bench.bench_state
 	$(BIN)/python -m bench.bench_release
 
