@@ -195,8 +195,8 @@ class ReceiptWriter:
         #: bytes of the line at the head of the queue already on disk (a cut write)
         self._head_written = 0
         self._wakeup = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
+        #: set after every batch written: what a flush() waits on
+        self._progress = asyncio.Event()
         self._closed = False
         self._reopen = False
         self._fd: int | None = None
@@ -247,7 +247,6 @@ class ReceiptWriter:
         self._chain.link(line)
         self._pending.append(line)
         self._changed()
-        self._idle.clear()
         self._wakeup.set()
 
     def reopen(self) -> None:
@@ -257,15 +256,19 @@ class ReceiptWriter:
 
     async def flush(self, timeout_s: float | None = None) -> int:
         """Wait until everything queued so far is on disk, at most ``timeout_s``;
-        the number of receipts still not written."""
+        the number of those receipts still not written. Lines queued after the
+        call are not waited for: under steady traffic the queue is never empty."""
         if self._task is None:
             return len(self._pending)
+        target = self.written + len(self._pending)
         try:
             async with asyncio.timeout(timeout_s):
-                await self._idle.wait()
+                while self.written < target:
+                    self._progress.clear()
+                    await self._progress.wait()
         except TimeoutError:
             pass
-        return len(self._pending)
+        return max(0, target - self.written)
 
     async def aclose(self, timeout_s: float | None = None) -> int:
         """Write what is queued (waiting at most ``timeout_s``), then stop; the
@@ -319,11 +322,10 @@ class ReceiptWriter:
                     continue
                 delay = _BACKOFF_S[0]
                 self._recovered()
+                self._progress.set()
             self._changed()
-            if not self._pending:
-                self._idle.set()
-                if self._closed:
-                    return
+            if self._closed and not self._pending:
+                return
 
     def _failed(self, exc: OSError) -> None:
         self.errors += 1

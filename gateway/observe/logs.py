@@ -91,8 +91,14 @@ class JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
             self._held.append(line)
             if len(self._held) >= self.HOLD_LINES:
                 self._write_held()
-            elif self._timer is None:
-                self._timer = asyncio.get_running_loop().call_later(self.HOLD_S, self.flush)
+            elif self._timer is None or self._timer.cancelled():
+                # (cancelled: its loop closed before it fired, as a test's loop does)
+                self._timer = asyncio.get_running_loop().call_later(self.HOLD_S, self._on_timer)
+
+    def _on_timer(self) -> None:
+        with self.lock:  # type: ignore[union-attr]
+            self._timer = None
+            self._write_held()
 
     def emit(self, record: logging.LogRecord) -> None:
         with self.lock:  # type: ignore[union-attr]
@@ -105,14 +111,18 @@ class JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
         super().flush()
 
     def _write_held(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        # The timer is never cancelled here: records come from any thread
+        # (exporters, executors), and a loop's timer is the loop's thread's to
+        # touch. Left to fire, it finds nothing held, or the lines since.
         if self._held:
             held, self._held = self._held, []
-            stream = self.stream
-            stream.write(b"\n".join(held).decode() + "\n")
-            stream.flush()
+            try:
+                self.stream.write(b"\n".join(held).decode() + "\n")
+                self.stream.flush()
+            except OSError:
+                # stderr gone (EPIPE): there is nowhere to say so, and a
+                # request must not fail over its access line.
+                pass
 
 
 def access_writer(logger: logging.Logger) -> Callable[[dict[str, object]], None]:

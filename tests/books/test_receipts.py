@@ -290,3 +290,28 @@ async def test_lines_queued_during_close_are_all_written(tmp_path: Path) -> None
         writer.write(_receipt(i))
     assert await closing == 0
     assert len((tmp_path / "receipts.jsonl").read_bytes().splitlines()) == 20
+
+
+async def test_flush_waits_for_what_was_queued_not_for_a_quiet_queue(tmp_path: Path) -> None:
+    writer = ReceiptWriter(tmp_path / "receipts.jsonl", linger_s=0.02)
+    await writer.start()
+    stop = asyncio.Event()
+
+    async def traffic() -> None:
+        n = 0
+        until = asyncio.get_running_loop().time() + 6
+        # Faster than the writer's fsyncs: the queue is never empty meanwhile.
+        while not stop.is_set() and n < 2_000_000 and asyncio.get_running_loop().time() < until:
+            writer.write(_receipt(n))
+            n += 1
+            await asyncio.sleep(0)
+
+    running = asyncio.ensure_future(traffic())
+    await asyncio.sleep(0.05)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    assert await writer.flush(3) == 0
+    assert loop.time() - began < 2  # not the whole timeout: lines keep coming meanwhile
+    stop.set()
+    await running
+    await writer.aclose()

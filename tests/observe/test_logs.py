@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+import threading
 from collections.abc import Iterator
 
 import orjson
@@ -87,3 +88,23 @@ def test_without_the_handler_access_lines_go_through_the_logger(
     (record,) = [r for r in caplog.records if r.name == "gateway.access"]
     assert record.getMessage() == "request"
     assert record.__dict__["request_id"] == "req_1"
+
+
+async def test_a_record_from_another_thread_leaves_the_loops_timer_alone(
+    handler: JsonLinesHandler,
+) -> None:
+    handler.access({**_FIELDS, "request_id": "req_held"})
+    timer = handler._timer
+    assert timer is not None
+    record = logging.LogRecord("gateway", logging.WARNING, __file__, 1, "off loop", None, None)
+    thread = threading.Thread(target=handler.handle, args=(record,))
+    thread.start()
+    thread.join(5)
+    assert [line.get("request_id", line["msg"]) for line in _lines(handler)] == [
+        "req_held",
+        "off loop",
+    ]
+    assert handler._timer is timer and not timer.cancelled()  # only the loop touches it
+    handler.access({**_FIELDS, "request_id": "req_after"})
+    await eventually_async(lambda: len(_lines(handler)) == 3, "the later line written", 5)
+    assert handler._timer is None
