@@ -56,6 +56,29 @@ class KeptResponse:
         """Bytes it holds, as ``responses.max_bytes`` counts them."""
         return len(self.input_items) + len(self.output_items) + len(self.body or b"")
 
+    def row(self) -> tuple[object, ...]:
+        """Its values in :data:`KEPT_COLUMNS` order, then its size: one insert's
+        parameters, whichever backend keeps it."""
+        return (
+            self.tenant,
+            self.id,
+            self.alias,
+            self.created,
+            self.expires,
+            self.previous_id,
+            self.input_items,
+            self.output_items,
+            self.body,
+            self.upstream_id,
+            self.size,
+        )
+
+
+#: the kept-response columns both backends' tables have, in :meth:`KeptResponse.row` order
+KEPT_COLUMNS = (
+    "tenant, id, alias, created, expires, previous_id, input_items, output_items, body, upstream_id"
+)
+
 
 class ResponseStore(Protocol):
     """Kept responses and their conversations, shared or local."""

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway.books.protocols import KeptResponse
+from gateway.books.protocols import KEPT_COLUMNS, KeptResponse
 from gateway.books.state.sqlite_file import SqliteFile
 
 #: this store's part in ``gateway_schema_parts``, and the steps of its schema
@@ -57,9 +57,7 @@ _STEPS: tuple[str, ...] = (
 )
 
 # Statements are literal text: values go only through placeholders.
-_COLUMNS = (
-    "tenant, id, alias, created, expires, previous_id, input_items, output_items, body, upstream_id"
-)
+_COLUMNS = KEPT_COLUMNS
 _INSERT = (
     f"INSERT INTO kept_responses ({_COLUMNS}, size) "  # noqa: S608 - constant text
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -124,22 +122,7 @@ class SqliteResponseStore:
             for r in rows:
                 # A row kept again replaces the old one, whose bytes leave the count.
                 old = conn.execute(_DROP, (r.tenant, r.id)).fetchone()
-                conn.execute(
-                    _INSERT,
-                    (
-                        r.tenant,
-                        r.id,
-                        r.alias,
-                        r.created,
-                        r.expires,
-                        r.previous_id,
-                        r.input_items,
-                        r.output_items,
-                        r.body,
-                        r.upstream_id,
-                        r.size,
-                    ),
-                )
+                conn.execute(_INSERT, r.row())
                 delta[r.tenant] = delta.get(r.tenant, 0) + r.size - (old[0] if old else 0)
             for tenant in sorted(delta):
                 used = int(conn.execute(_COUNT, (tenant, delta[tenant])).fetchone()[0])

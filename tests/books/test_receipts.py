@@ -307,7 +307,7 @@ async def test_flush_waits_for_what_was_queued_not_for_a_quiet_queue(tmp_path: P
             await asyncio.sleep(0)
 
     running = asyncio.ensure_future(traffic())
-    await asyncio.sleep(0.05)
+    await eventually_async(lambda: writer.batches >= 1, "a first batch under way", 5)
     loop = asyncio.get_running_loop()
     began = loop.time()
     assert await writer.flush(3) == 0

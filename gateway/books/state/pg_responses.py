@@ -15,13 +15,11 @@ from collections.abc import Mapping, Sequence
 
 import asyncpg
 
-from gateway.books.protocols import KeptResponse
+from gateway.books.protocols import KEPT_COLUMNS, KeptResponse
 from gateway.books.state.calls import StateCalls
 from gateway.books.state.postgres import PgPool
 
-_COLUMNS = (
-    "tenant, id, alias, created, expires, previous_id, input_items, output_items, body, upstream_id"
-)
+_COLUMNS = KEPT_COLUMNS
 
 
 _INSERT = (
@@ -76,20 +74,7 @@ class PgResponseStore:
                 for r in rows:
                     # A row kept again replaces the old one, whose bytes leave the count.
                     old = await conn.fetchval(_DROP, r.tenant, r.id)
-                    await conn.execute(
-                        _INSERT,
-                        r.tenant,
-                        r.id,
-                        r.alias,
-                        r.created,
-                        r.expires,
-                        r.previous_id,
-                        r.input_items,
-                        r.output_items,
-                        r.body,
-                        r.upstream_id,
-                        r.size,
-                    )
+                    await conn.execute(_INSERT, *r.row())
                     delta[r.tenant] = delta.get(r.tenant, 0) + r.size - (old or 0)
                 for tenant in sorted(delta):
                     used = int(await conn.fetchval(_COUNT, tenant, delta[tenant]))
