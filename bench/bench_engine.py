@@ -39,7 +39,7 @@ from typing import Any
 import httpx
 
 from bench.procs import Child, wait_ready
-from gateway.auth import mint_dev_token
+from gateway.auth.authenticator import mint_dev_token
 from gateway.config.loader import load_config
 from gateway.testing.engine.process import EngineAdapter, cpu_seconds, start_adapter
 from gateway.testing.harness import DEMO_SECRET_ENV, default_policy, new_dev_secret, write_config

@@ -41,7 +41,7 @@ import orjson
 from bench.bench_limits import reserve_timings
 from bench.loadgen import LoadResult, close_connections, http_post, open_connections, run_load
 from bench.procs import Child, gateway_command, pct, split_cpus, start_simulator, wait_ready
-from gateway.auth import mint_dev_token
+from gateway.auth.authenticator import mint_dev_token
 from gateway.config.loader import load_config
 from gateway.ratelimit import LimitsStore, MemoryLimitsStore, RedisLimitsStore, TenantLimits
 from gateway.testing.harness import (

@@ -41,7 +41,7 @@ import orjson
 
 from bench.loadgen import close_connections, http_post, open_connections, run_load
 from bench.procs import Child, gateway_command, pct, split_cpus, start_simulator, wait_ready
-from gateway.auth import mint_dev_token
+from gateway.auth.authenticator import mint_dev_token
 from gateway.config.loader import load_config
 from gateway.testing.harness import DEMO_SECRET_ENV, default_policy, new_dev_secret, write_config
 from gateway.testing.simulator.server import loop_factory

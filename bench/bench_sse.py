@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from gateway.apis.chunks import SSEValidator, StreamRules
+from gateway.apis.chat.dialect import SSEValidator, StreamRules
 from gateway.core.sse import NEED_DATA, Done
 from tests.support.sse import chunk, event, usage
 

@@ -22,8 +22,8 @@ from collections.abc import Awaitable, Callable
 
 import asyncpg
 
-from gateway.books.evidence.catalog import new_evidence_id
-from gateway.books.state.schema import migrate
+from gateway.books.evidence.records import new_evidence_id
+from gateway.books.state.postgres.schema import migrate
 from tests.support.postgres import postgres_server
 
 _GET = (

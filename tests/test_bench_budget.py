@@ -13,7 +13,7 @@ def test_a_sample_belongs_to_its_innermost_stage() -> None:
     frames = [
         "InferenceEndpoint._serve (gateway/http/inference.py:91)",
         "Relay._pump (gateway/pipeline/relay.py:162)",
-        "ChunkGrammar._on_chunk (gateway/apis/chunk_grammar.py:200)",
+        "ChunkGrammar._on_chunk (gateway/apis/chat/grammar.py:200)",
     ]
     assert stage_of(frames) == "relay per chunk"
     assert stage_of(frames[:1]) == "request pipeline"

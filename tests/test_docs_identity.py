@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from gateway.auth import MAX_BEARER_CHARS, Authenticator
+from gateway.auth.authenticator import MAX_BEARER_CHARS, Authenticator
 from gateway.auth.failures import REASONS
 from gateway.auth.keys import JWKS_FETCH_TIMEOUT_S, MIN_HS256_SECRET_BYTES
 from gateway.config import IssuerConfig, TLSConfig

@@ -41,7 +41,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.apis.message_events import EventGrammar
+from gateway.apis.messages.events import EventGrammar
 from gateway.http.server import tune_gc
 from gateway.testing.harness import SIM_ROUTE
 from gateway.testing.samples import SAMPLES

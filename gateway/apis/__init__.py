@@ -8,11 +8,11 @@ same way.
 """
 
 from gateway.apis.base import Api
-from gateway.apis.chat import ChatApi
-from gateway.apis.completions import CompletionsApi
-from gateway.apis.embeddings import EmbeddingsApi
-from gateway.apis.messages import CountTokensApi, MessagesApi
-from gateway.apis.responses import ResponsesApi
+from gateway.apis.chat.api import ChatApi
+from gateway.apis.chat.completions import CompletionsApi
+from gateway.apis.embeddings.api import EmbeddingsApi
+from gateway.apis.messages.api import CountTokensApi, MessagesApi
+from gateway.apis.responses.api import ResponsesApi
 
 APIS: tuple[Api, ...] = (
     ChatApi(),

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     # Type-only: the evidence package's service imports these protocols.
-    from gateway.books.evidence.catalog import EvidenceRecord
+    from gateway.books.evidence.records import EvidenceRecord
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,13 +12,9 @@ from __future__ import annotations
 
 from gateway.config.auth import AuthConfig, IssuerConfig
 from gateway.config.base import Hex64, Model, PositiveFloat, PositiveInt, RelPath
-from gateway.config.base import _resolve as _resolve
 from gateway.config.gateway import GatewayConfig
 from gateway.config.launch import LaunchConfig, ModelLaunch
-from gateway.config.launch import _digest_addressed as _digest_addressed
-from gateway.config.launch import _quantized_file as _quantized_file
 from gateway.config.limits import AdmissionConfig, LimitsConfig, LimitsStoreConfig
-from gateway.config.listen import _ORIGIN as _ORIGIN
 from gateway.config.listen import CorsConfig, ListenConfig, TLSConfig
 from gateway.config.observe import AuditConfig, LoggingConfig, MetricsConfig, MetricsListen
 from gateway.config.responses import ResponsesConfig

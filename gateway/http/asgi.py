@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 
-from gateway.auth import authorize
+from gateway.auth.authenticator import authorize
 from gateway.auth.failures import failure_reason
 from gateway.config.policy import Tenant
 from gateway.core.errors import GatewayError

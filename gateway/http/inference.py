@@ -16,7 +16,8 @@ import os
 import time
 
 from gateway.apis.base import Api, PlanContext
-from gateway.auth import Principal, authorize
+from gateway.auth.authenticator import authorize
+from gateway.auth.principal import Principal
 from gateway.books.evidence.leases import RequestMedia
 from gateway.books.receipts import Receipt
 from gateway.core.errors import GatewayError

@@ -33,8 +33,8 @@ from urllib.parse import parse_qsl
 
 import orjson
 
-from gateway.apis.conversation import input_items_page
-from gateway.apis.responses import RESPONSE_ID
+from gateway.apis.responses.api import RESPONSE_ID
+from gateway.apis.responses.conversation import input_items_page
 from gateway.books.protocols import KeptResponse
 from gateway.core.errors import GatewayError
 from gateway.http.asgi import info_of, runtime_of, send_error, send_json, tenant_for

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from gateway.admission import Permit
 from gateway.apis.base import Dialect, Plan
 from gateway.apis.usage import Usage
-from gateway.books.evidence.catalog import EvidenceRecord
 from gateway.books.evidence.encode import BodyProducer
 from gateway.books.evidence.leases import RequestMedia
+from gateway.books.evidence.records import EvidenceRecord
 from gateway.books.receipts import Receipt
 from gateway.config.policy import Tenant
 from gateway.core.errors import GatewayError

@@ -11,8 +11,8 @@ import orjson
 
 from gateway.apis.base import Plan
 from gateway.apis.media import check_records, data_url_parts, evidence_ids
-from gateway.books.evidence.catalog import EvidenceRecord
 from gateway.books.evidence.leases import Inline
+from gateway.books.evidence.records import EvidenceRecord
 from gateway.books.receipts import Receipt
 from gateway.config import StagingConfig
 from gateway.core.body import Layout, MediaSlot, layout

@@ -16,8 +16,8 @@ from typing import Any
 import orjson
 
 from gateway.apis.base import Api, Plan, StreamBounds
-from gateway.apis.chat import ChatApi
-from gateway.apis.embeddings import EmbeddingsApi
+from gateway.apis.chat.api import ChatApi
+from gateway.apis.embeddings.api import EmbeddingsApi
 from gateway.core.errors import GatewayError
 from gateway.pipeline.cancel import CallerStalled
 from gateway.pipeline.relay import Relay, Timeouts

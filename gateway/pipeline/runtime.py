@@ -23,7 +23,7 @@ import httpx
 
 from gateway import __version__
 from gateway.admission import AdmissionGroup
-from gateway.auth import Authenticator
+from gateway.auth.authenticator import Authenticator
 from gateway.auth.keys import load_key_set
 from gateway.books.evidence.service import EvidenceService
 from gateway.books.receipts import ReceiptWriter

@@ -17,7 +17,7 @@ from typing import Any
 
 from gateway.admission import Permit, request_weight
 from gateway.apis.base import Api, Plan
-from gateway.apis.conversation import MAX_LINKS, PARAM, expand
+from gateway.apis.responses.conversation import MAX_LINKS, PARAM, expand
 from gateway.apis.usage import estimate_prompt_tokens
 from gateway.books.receipts import ReleaseMark
 from gateway.core.body import Layout, check_size

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 import orjson
 
 from gateway.apis.base import Api, Plan, StreamBounds
-from gateway.apis.conversation import kept_input
+from gateway.apis.responses.conversation import kept_input
 from gateway.apis.usage import Usage, public_usage, usage_of
 from gateway.books.evidence.encode import BodyProducer
 from gateway.books.receipts import ReleaseMark

@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from gateway.apis.usage import estimate_prompt_tokens
 from gateway.ratelimit.base import Hold, LimitsStore, NullMetrics, StoreMetrics
 from gateway.ratelimit.core import TenantLimits, format_reset, retry_after
 
@@ -51,7 +50,6 @@ __all__ = [
     "StoreMetrics",
     "TenantLimits",
     "build_limits_store",
-    "estimate_prompt_tokens",
     "format_reset",
     "lease_for",
     "retry_after",

@@ -101,7 +101,7 @@ def cmd_launch_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_token(args: argparse.Namespace) -> int:
-    from gateway.auth import mint_dev_token
+    from gateway.auth.authenticator import mint_dev_token
 
     loaded = _load(args.config)
     if args.tenant not in loaded.policies.tenants:
@@ -132,7 +132,7 @@ def cmd_token(args: argparse.Namespace) -> int:
 def cmd_evidence_add(args: argparse.Namespace) -> int:
     import asyncio
 
-    from gateway.books.evidence.catalog import EvidenceRecord
+    from gateway.books.evidence.records import EvidenceRecord
     from gateway.books.state.factory import evidence_service, open_state
     from gateway.core.errors import GatewayError
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from gateway.auth import mint_dev_token
+from gateway.auth.authenticator import mint_dev_token
 from gateway.testing.harness import (
     DEMO_SECRET_ENV,
     SIM_ROUTE,

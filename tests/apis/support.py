@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gateway.apis.base import Api, MediaRef, Plan, PlanContext
-from gateway.apis.chat import FIELD_NAMES as CHAT_FIELDS
-from gateway.apis.chat import ChatApi
-from gateway.apis.completions import FIELD_NAMES as COMPLETION_FIELDS
-from gateway.apis.completions import CompletionsApi
+from gateway.apis.chat.api import FIELD_NAMES as CHAT_FIELDS
+from gateway.apis.chat.api import ChatApi
+from gateway.apis.chat.completions import FIELD_NAMES as COMPLETION_FIELDS
+from gateway.apis.chat.completions import CompletionsApi
 from gateway.apis.media import check_records, data_url_parts, inline_size
 from gateway.apis.sampling import REFUSED_FIELDS as _REFUSED
 from gateway.config.policy import Tenant

@@ -35,12 +35,12 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseStreamEvent
 
 from gateway.apis.base import Api, Dialect, Plan, PlanContext, StreamBounds
-from gateway.apis.chat import ChatApi
-from gateway.apis.chunks import ChunkDialect
-from gateway.apis.completions import CompletionsApi
-from gateway.apis.embeddings import EmbeddingsApi
-from gateway.apis.response_events import ResponseEvent, ResponsesDialect
-from gateway.apis.responses import ResponsesApi
+from gateway.apis.chat.api import ChatApi
+from gateway.apis.chat.completions import CompletionsApi
+from gateway.apis.chat.dialect import ChunkDialect
+from gateway.apis.embeddings.api import EmbeddingsApi
+from gateway.apis.responses.api import ResponsesApi
+from gateway.apis.responses.events import ResponseEvent, ResponsesDialect
 from gateway.apis.usage import public_usage, usage_of
 from gateway.config import LimitsConfig
 from gateway.config.policy import PolicyLimits, Tenant, TenantPolicy, resolve_limits

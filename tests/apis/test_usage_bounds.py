@@ -11,9 +11,9 @@ import orjson
 import pytest
 
 from gateway.apis.base import Plan, StreamBounds
-from gateway.apis.chunks import ChunkDialect
-from gateway.apis.embeddings import EmbeddingsDialect
-from gateway.apis.response_events import ResponsesDialect
+from gateway.apis.chat.dialect import ChunkDialect
+from gateway.apis.embeddings.api import EmbeddingsDialect
+from gateway.apis.responses.events import ResponsesDialect
 from gateway.core.errors import GatewayError
 from gateway.core.sse import Done, KeepAlive, NeedData
 

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from gateway.auth import Authenticator, load_key_set
+from gateway.auth.authenticator import Authenticator
+from gateway.auth.keys import load_key_set
 from gateway.config import AuthConfig, GatewayConfig, IssuerConfig
 from gateway.config.policy import PolicySet, TenantPolicy, build_policy_set
 from gateway.core.errors import GatewayError

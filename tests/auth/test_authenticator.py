@@ -5,7 +5,9 @@ from __future__ import annotations
 import jwt
 import pytest
 
-from gateway.auth import Authenticator, Principal, authorize, load_key_set, mint_dev_token
+from gateway.auth.authenticator import Authenticator, authorize, mint_dev_token
+from gateway.auth.keys import load_key_set
+from gateway.auth.principal import Principal
 from gateway.auth.tokens import Routed, verify
 from gateway.config.policy import PolicySet
 from gateway.core.errors import GatewayError

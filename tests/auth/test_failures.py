@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.auth import Authenticator
 from gateway.auth.apikeys import match_api_key
+from gateway.auth.authenticator import Authenticator
 from gateway.auth.failures import REASONS, failure_reason
 from gateway.config.policy import PolicySet
 from gateway.core.errors import GatewayError

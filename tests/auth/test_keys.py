@@ -13,8 +13,8 @@ import anyio
 import httpx
 import pytest
 
-from gateway.auth import Authenticator, load_key_set
-from gateway.auth.keys import KeyFetchError, fetch_jwks_url, parse_jwks
+from gateway.auth.authenticator import Authenticator
+from gateway.auth.keys import KeyFetchError, fetch_jwks_url, load_key_set, parse_jwks
 from gateway.config.loader import ConfigError
 from gateway.config.policy import PolicySet
 from gateway.core.errors import GatewayError

@@ -10,7 +10,7 @@ from typing import Any
 import jwt
 import pytest
 
-from gateway.auth import Authenticator
+from gateway.auth.authenticator import Authenticator
 from gateway.config.policy import PolicySet
 from gateway.core.errors import GatewayError
 from tests.auth.conftest import (

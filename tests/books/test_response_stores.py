@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from gateway.books.evidence.catalog import Catalog
 from gateway.books.protocols import KeptResponse, ResponseStore
-from gateway.books.sqlite_responses import SqliteResponseStore
 from gateway.books.state.calls import StateCalls
-from gateway.books.state.pg_responses import PgResponseStore
-from gateway.books.state.postgres import PgPool
+from gateway.books.state.postgres.pool import PgPool
+from gateway.books.state.postgres.responses import PgResponseStore
+from gateway.books.state.sqlite.catalog import Catalog
+from gateway.books.state.sqlite.responses import SqliteResponseStore
 from gateway.core.errors import GatewayError
 
 NOW = 1_000_000.0

@@ -13,7 +13,7 @@ import pytest
 
 from gateway.books.protocols import KeptResponse
 from gateway.books.responses import MAX_KEPT_BYTES, ResponseBook
-from gateway.books.sqlite_responses import SqliteResponseStore
+from gateway.books.state.sqlite.responses import SqliteResponseStore
 from gateway.core.errors import GatewayError
 from tests.support.poll import eventually_async
 

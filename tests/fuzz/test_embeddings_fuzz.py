@@ -2,7 +2,7 @@
 
 Property (spec §14): for any worker bytes, in any split, the dialect either
 serves exactly the answer the plain checks accept (``orjson.loads`` whole, then
-:func:`tests.apis.test_embeddings_answers.reference`), with the alias in
+:func:`tests.apis.embeddings.test_answers.reference`), with the alias in
 ``model`` and the worker's key order, or refuses it with its own
 :class:`GatewayError` (never another exception); it refuses nothing those
 checks accept, except what it refuses on purpose: a key repeated in one
@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from gateway.core.errors import GatewayError
 from gateway.core.sse import NEED_DATA, Done
-from tests.apis.test_embeddings_answers import answer, dialect, reference, with_alias
+from tests.apis.embeddings.test_answers import answer, dialect, reference, with_alias
 from tests.fuzz.budget import budget
 from tests.fuzz.shapes import mutate, split
 

@@ -1,5 +1,5 @@
 """Fuzz the Anthropic Messages stream grammar and dialect (spec §19,
-``gateway/apis/message_events.py``).
+``gateway/apis/messages/events.py``).
 
 Properties:
 
@@ -32,8 +32,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.apis.base import Plan, StreamBounds
-from gateway.apis.chunk_grammar import Chunk
-from gateway.apis.message_events import EventGrammar, MessagesDialect
+from gateway.apis.chat.grammar import Chunk
+from gateway.apis.messages.events import EventGrammar, MessagesDialect
 from gateway.core.errors import GatewayError
 from gateway.core.sse import NEED_DATA, Done, Framing
 from tests.fuzz.budget import budget

@@ -1,4 +1,4 @@
-"""Fuzz the Anthropic Messages request planner (spec §19, ``gateway/apis/messages.py``).
+"""Fuzz the Anthropic Messages request planner (spec §19, ``gateway/apis/messages/api.py``).
 
 (The Messages event grammar and dialect are fuzzed in
 ``test_message_events_fuzz.py``.)
@@ -27,7 +27,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from gateway.apis.base import Api, PlanContext
-from gateway.apis.messages import REFUSED, CountTokensApi, MessagesApi
+from gateway.apis.messages.api import REFUSED, CountTokensApi, MessagesApi
 from gateway.config import LimitsConfig
 from gateway.config.policy import (
     MediaPolicy,

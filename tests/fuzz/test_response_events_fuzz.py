@@ -1,4 +1,4 @@
-"""Fuzz the Responses named-event state machine (spec §14, ``gateway/apis/response_events.py``).
+"""Fuzz the Responses named-event state machine (spec §14, ``gateway/apis/responses/events.py``).
 
 Properties, with small framing bounds so that mutations hit them often:
 
@@ -38,7 +38,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.apis.base import Plan, StreamBounds, TextNul
-from gateway.apis.response_events import (
+from gateway.apis.responses.events import (
     ResponseEvent,
     ResponsesDialect,
     ResponsesGrammar,

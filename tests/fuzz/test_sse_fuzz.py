@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.apis.chunks import SSEValidator, StreamRules
+from gateway.apis.chat.dialect import SSEValidator, StreamRules
 from gateway.core.errors import GatewayError
 from gateway.core.sse import NEED_DATA, Done
 from tests.fuzz.budget import budget

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from gateway.books.evidence.catalog import Catalog
+from gateway.books.state.sqlite.catalog import Catalog
 from tests.support.evidence import (
     BASE_LIMITS,
     PNG,

@@ -12,7 +12,7 @@ import anthropic
 import httpx
 import pytest
 
-from gateway.apis.message_events import EventGrammar
+from gateway.apis.messages.events import EventGrammar
 from gateway.testing.harness import DEMO_SECRET_ENV, SIM_ROUTE
 from tests.support.anthropic import check_grammar, check_sdk_types
 from tests.support.evidence import PNG, decoded, no_leases, staged

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gateway.auth import MAX_BEARER_CHARS
+from gateway.auth.authenticator import MAX_BEARER_CHARS
 from tests.support.stack import Stack, chat_body, running_stack, sse_data
 
 _SEPARATORS = "\u2028\u2029\x85"

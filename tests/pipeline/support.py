@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from gateway.apis.base import Plan
-from gateway.books.evidence.catalog import EvidenceRecord
 from gateway.books.evidence.leases import RequestMedia
+from gateway.books.evidence.records import EvidenceRecord
 from gateway.books.protocols import KeptResponse
 from gateway.books.receipts import Receipt
 from gateway.config import LimitsConfig
@@ -318,7 +318,7 @@ def make_call(
 
 async def run_steps(call: Call) -> None:
     """The planned call's steps, resolve then run, as the edge takes them (chat)."""
-    from gateway.apis.chat import ChatApi
+    from gateway.apis.chat.api import ChatApi
     from gateway.pipeline import steps
 
     assert call.plan is not None

@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from gateway.apis.base import Dialect, Plan, Report, StreamBounds
-from gateway.apis.chat import ChatApi
+from gateway.apis.chat.api import ChatApi
 from gateway.apis.usage import counts_only
 from gateway.core.errors import GatewayError
 from gateway.core.sse import NEED_DATA, NeedData

@@ -14,7 +14,7 @@ import pytest
 
 from gateway.admission import Permit
 from gateway.apis.base import Dialect, MediaRef, Report, StreamBounds
-from gateway.apis.chat import ChatApi
+from gateway.apis.chat.api import ChatApi
 from gateway.apis.usage import Usage
 from gateway.books.evidence.encode import BodyProducer
 from gateway.core.errors import GatewayError

@@ -14,9 +14,9 @@ import pytest
 
 from gateway.admission import AdmissionGroup
 from gateway.apis.base import MediaRef, Plan, PlanContext
-from gateway.apis.chat import ChatApi
-from gateway.apis.conversation import MAX_LINKS
-from gateway.apis.responses import ResponsesApi
+from gateway.apis.chat.api import ChatApi
+from gateway.apis.responses.api import ResponsesApi
+from gateway.apis.responses.conversation import MAX_LINKS
 from gateway.books.protocols import KeptResponse
 from gateway.config import GatewayConfig
 from gateway.core.body import placeholder

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from gateway.admission import AdmissionGroup
-from gateway.apis.chat import ChatApi
+from gateway.apis.chat.api import ChatApi
 from gateway.books.receipts import ReleaseMark
 from gateway.config import GatewayConfig
 from gateway.core.errors import GatewayError

@@ -6,8 +6,9 @@ import itertools
 
 import pytest
 
+from gateway.apis.usage import estimate_prompt_tokens
 from gateway.core.errors import GatewayError
-from gateway.ratelimit import TenantLimits, estimate_prompt_tokens, format_reset, tenant_keys
+from gateway.ratelimit import TenantLimits, format_reset, tenant_keys
 from gateway.ratelimit.core import (
     REFUSED_DAY,
     REFUSED_REQUESTS,

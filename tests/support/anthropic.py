@@ -1,4 +1,4 @@
-"""Anthropic Messages streams for tests: :class:`~gateway.apis.message_events.EventGrammar`
+"""Anthropic Messages streams for tests: :class:`~gateway.apis.messages.events.EventGrammar`
 under the gateway's SSE framing, the official SDK's types, and the simulator's
 ``/v1/messages`` streams captured as bytes.
 
@@ -20,7 +20,7 @@ import orjson
 from anthropic.types import Message, RawMessageStreamEvent
 from pydantic import TypeAdapter
 
-from gateway.apis.message_events import EventGrammar
+from gateway.apis.messages.events import EventGrammar
 from gateway.core.errors import GatewayError
 from gateway.core.sse import Framing, StreamValidator, violation
 from tests.support.sse import drain

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.auth import mint_dev_token
+from gateway.auth.authenticator import mint_dev_token
 from gateway.config.loader import load_config
 from gateway.testing.harness import DEMO_SECRET_ENV, SIM_ROUTE
 from gateway.testing.simulator import Simulator

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import openai
 
-from gateway.auth import mint_dev_token
+from gateway.auth.authenticator import mint_dev_token
 from gateway.observe.tracing import Tracing
 from gateway.testing.harness import (
     DEMO_SECRET_ENV,

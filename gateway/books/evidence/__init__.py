@@ -5,10 +5,11 @@ The ``sniff`` function is not re-exported, so ``gateway.books.evidence.sniff``
 stays the module.
 """
 
-from gateway.books.evidence.catalog import Catalog, EvidenceRecord, is_evidence_id
+from gateway.books.evidence.records import EvidenceRecord, is_evidence_id
 from gateway.books.evidence.service import EvidenceService
 from gateway.books.evidence.sniff import MediaType, match_content_type, media_type_for
 from gateway.books.evidence.store import EvidenceStore, StoredFile
+from gateway.books.state.sqlite.catalog import Catalog
 
 __all__ = [
     "Catalog",

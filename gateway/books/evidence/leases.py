@@ -21,7 +21,7 @@ import os
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
-from gateway.books.evidence.catalog import EvidenceRecord
+from gateway.books.evidence.records import EvidenceRecord
 from gateway.books.evidence.service import EvidenceService
 from gateway.config.policy import Tenant
 from gateway.core.errors import GatewayError

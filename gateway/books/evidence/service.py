@@ -48,7 +48,7 @@ from pathlib import Path
 
 import anyio.to_thread
 
-from gateway.books.evidence.catalog import EvidenceRecord, StorageFull, is_evidence_id
+from gateway.books.evidence.records import EvidenceRecord, StorageFull, is_evidence_id
 from gateway.books.evidence.sniff import MediaType, match_content_type
 from gateway.books.evidence.store import EvidenceStore, TempUpload
 from gateway.books.protocols import EvidenceCatalog

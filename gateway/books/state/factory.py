@@ -7,14 +7,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gateway.books.evidence.catalog import Catalog
 from gateway.books.evidence.service import RESERVE_SUFFIX, EvidenceService
 from gateway.books.evidence.store import EvidenceStore
 from gateway.books.protocols import EvidenceCatalog, ReleaseStore, ResponseStore
-from gateway.books.sqlite_releases import SqliteReleaseStore
-from gateway.books.sqlite_responses import SqliteResponseStore
 from gateway.books.state.calls import StateCalls
-from gateway.books.state.sqlite import SqliteCatalog
+from gateway.books.state.sqlite.catalog import Catalog
+from gateway.books.state.sqlite.evidence import SqliteCatalog
+from gateway.books.state.sqlite.releases import SqliteReleaseStore
+from gateway.books.state.sqlite.responses import SqliteResponseStore
 from gateway.config import GatewayConfig
 
 #: an evidence lease outlives the longest request by this much (spec §17)
@@ -57,10 +57,10 @@ def open_state(
     state = config.state
     if state.backend == "postgres":
         # Imported here: a SQLite-only install never loads the driver.
-        from gateway.books.state.pg_evidence import PgCatalog
-        from gateway.books.state.pg_releases import PgReleaseStore
-        from gateway.books.state.pg_responses import PgResponseStore
-        from gateway.books.state.postgres import PgPool, dsn_from
+        from gateway.books.state.postgres.evidence import PgCatalog
+        from gateway.books.state.postgres.pool import PgPool, dsn_from
+        from gateway.books.state.postgres.releases import PgReleaseStore
+        from gateway.books.state.postgres.responses import PgResponseStore
 
         calls = StateCalls(state.timeout_s, observe, on_error)
         pool = PgPool(dsn_from(env, state.dsn_env), state.timeout_s)

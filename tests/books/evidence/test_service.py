@@ -23,11 +23,12 @@ import asyncpg
 import pytest
 
 from gateway.books.evidence import sniff
-from gateway.books.evidence.catalog import Catalog, EvidenceRecord
+from gateway.books.evidence.records import EvidenceRecord
 from gateway.books.evidence.service import RESERVE_BYTES, EvidenceService
 from gateway.books.evidence.store import EvidenceStore
 from gateway.books.state.factory import evidence_lease_s, evidence_service, open_state
-from gateway.books.state.sqlite import SqliteCatalog
+from gateway.books.state.sqlite.catalog import Catalog
+from gateway.books.state.sqlite.evidence import SqliteCatalog
 from gateway.config import GatewayConfig
 from gateway.config.policy import EvidencePolicy, Tenant
 from gateway.core.errors import GatewayError
@@ -483,7 +484,7 @@ _BLOCKED_WRITER = """
 import asyncio, os, sys
 from pathlib import Path
 from gateway.books.evidence import Catalog, EvidenceService, EvidenceStore
-from gateway.books.state.sqlite import SqliteCatalog
+from gateway.books.state.sqlite.evidence import SqliteCatalog
 from tests.books.evidence.support import make_tenant
 
 root = Path(sys.argv[1])
@@ -618,7 +619,7 @@ async def test_factory_builds_the_postgres_backend(tmp_path: Path, postgres_dsn:
     config = gateway_config(
         tmp_path, backend="postgres", dsn_env="TEST_STATE_DSN", timeout_ms=5000, replica_id="r-a"
     )
-    from gateway.books.state.pg_evidence import PgCatalog  # here: the driver loads lazily
+    from gateway.books.state.postgres.evidence import PgCatalog  # here: the driver loads lazily
 
     env = {"TEST_STATE_DSN": postgres_dsn}
     state, other = open_state(config, env), open_state(config, env)

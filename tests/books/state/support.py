@@ -6,13 +6,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gateway.books.evidence.catalog import Catalog, EvidenceRecord
+from gateway.books.evidence.records import EvidenceRecord
 from gateway.books.protocols import EvidenceCatalog
 from gateway.books.state.calls import StateCalls
-from gateway.books.state.sqlite import SqliteCatalog
+from gateway.books.state.sqlite.catalog import Catalog
+from gateway.books.state.sqlite.evidence import SqliteCatalog
 
 if TYPE_CHECKING:
-    from gateway.books.state.pg_evidence import PgCatalog
+    from gateway.books.state.postgres.evidence import PgCatalog
 
 SHA_A = "a" * 64
 SHA_B = "b" * 64
@@ -30,8 +31,8 @@ def pg_catalog(
 ) -> PgCatalog:
     """A PostgreSQL catalog on a pool of its own (one replica's)."""
     # Imported here, as the factory does: the SQLite half needs no driver.
-    from gateway.books.state.pg_evidence import PgCatalog
-    from gateway.books.state.postgres import PgPool
+    from gateway.books.state.postgres.evidence import PgCatalog
+    from gateway.books.state.postgres.pool import PgPool
 
     return PgCatalog(
         PgPool(dsn, timeout_s),

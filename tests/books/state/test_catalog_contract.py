@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.books.evidence.catalog import EvidenceRecord
+from gateway.books.evidence.records import EvidenceRecord
 from gateway.books.protocols import EvidenceCatalog
 from gateway.core.errors import GatewayError
 from tests.books.evidence.support import FakeClock

@@ -39,7 +39,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.books.evidence.catalog import EvidenceRecord
+from gateway.books.evidence.records import EvidenceRecord
 from gateway.books.evidence.service import EvidenceService, locator_digest
 from gateway.books.evidence.store import TEMP_PREFIX, EvidenceStore
 from gateway.config.policy import EvidencePolicy, Tenant

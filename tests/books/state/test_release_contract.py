@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from gateway.books.protocols import FORGET_AFTER_S, ArmCounts, ReleaseOverride, ReleaseStore
-from gateway.books.sqlite_releases import SqliteReleaseStore
 from gateway.books.state.calls import StateCalls
+from gateway.books.state.sqlite.releases import SqliteReleaseStore
 
 NOW = 1_700_000_000.5
 STABLE = ArmCounts(120, 2, 310.5)
@@ -35,8 +35,8 @@ class Backend:
             self.opened.append(store.close)
             return store
         # Imported here, as the factory does: the SQLite half needs no driver.
-        from gateway.books.state.pg_releases import PgReleaseStore
-        from gateway.books.state.postgres import PgPool
+        from gateway.books.state.postgres.pool import PgPool
+        from gateway.books.state.postgres.releases import PgReleaseStore
 
         pool = PgPool(self.where, 10.0)
         self.opened.append(pool.close)

@@ -30,7 +30,7 @@ from typing import Any
 
 import openai
 
-from gateway.apis.chunks import RUST_WHITESPACE
+from gateway.apis.chat.dialect import RUST_WHITESPACE
 from gateway.testing.engine import modelgen
 from tests.support.engine import chat_body
 from tests.support.engine_stack import (

@@ -18,7 +18,7 @@ import anthropic
 import httpx
 import pytest
 
-from gateway.apis.chunk_answer import RUST_WHITESPACE
+from gateway.apis.chat.answer import RUST_WHITESPACE
 from gateway.testing.harness import Gateway, default_policy, write_config
 from tests.support.anthropic import MESSAGE, check_grammar, check_sdk_types, frames
 from tests.support.engine import EngineAdapter

@@ -14,7 +14,7 @@ import httpx
 import orjson
 import pytest
 
-from gateway.apis.chunks import SSEValidator, StreamRules
+from gateway.apis.chat.dialect import SSEValidator, StreamRules
 from gateway.core.errors import GatewayError
 from gateway.testing.simulator import COUNT_TOKENS_FAULTS, MESSAGES_FAULTS, Simulator
 from gateway.testing.simulator.messages import PING_EVENT

@@ -1,0 +1,171 @@
+"""The chat and text-completion chunk dialect (spec §8, §12, §14). Pure.
+
+:class:`ChunkDialect` reads the worker's stream with the chunk grammar
+(``chunk_grammar``) and turns the validated chunks into the caller's frames
+(model set back to the alias, usage removed unless asked for) or, for a
+non-streaming caller, collects them into the answer the worker would have
+given non-streamed (``chunk_answer``).
+
+Usage: chat's worker reports it on the terminal chunk; the completions
+worker never does (reference §3.5), so a completion's usage is counted from
+the content chunks received (``usage.count_output_tokens``) and, when the
+caller asked for ``stream_options.include_usage``, the dialect adds the
+usage chunk the worker did not send: ``choices: []``, the stream's id,
+created and model, the estimated usage, right before ``data: [DONE]`` (the
+:attr:`ChunkDialect.terminal_frame` of a stream that ended validly).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+import orjson
+
+from gateway.apis.base import Plan, Report, StreamBounds
+from gateway.apis.chat.answer import RUST_WHITESPACE, CollectedAnswer, answer_logprob
+from gateway.apis.chat.grammar import (
+    DONE_FRAME,
+    Chunk,
+    SSEValidator,
+    StreamRules,
+    StreamState,
+)
+from gateway.apis.usage import (
+    count_output_tokens,
+    counts_only,
+    estimate_output_tokens,
+    public_usage,
+    usage_of,
+)
+from gateway.core.errors import GatewayError
+
+# Re-exported for the tests and benchmarks that import them from here.
+__all__ = [
+    "RUST_WHITESPACE",
+    "Chunk",
+    "ChunkDialect",
+    "SSEValidator",
+    "StreamRules",
+    "StreamState",
+    "answer_logprob",
+]
+
+
+class ChunkDialect:
+    """One chat or completion answer, for a streaming or a non-streaming caller."""
+
+    terminal_frame = DONE_FRAME
+
+    def __init__(
+        self,
+        kind: Literal["chat", "completion"],
+        plan: Plan,
+        bounds: StreamBounds,
+        *,
+        collect: bool,
+    ) -> None:
+        framing = bounds.framing
+        rules = StreamRules(
+            kind=kind,
+            max_tokens=plan.max_tokens,
+            max_prompt_tokens=bounds.max_prompt_tokens,
+            tools_requested=plan.tools_requested,
+            max_line_bytes=framing.max_line_bytes,
+            max_event_bytes=framing.max_event_bytes,
+            max_stream_bytes=framing.max_stream_bytes,
+            max_events=framing.max_events,
+            max_text_bytes=bounds.max_text_bytes,
+            text_nul=bounds.text_nul,
+            loads=orjson.loads,
+        )
+        self.source = self.validator = SSEValidator(rules)
+        self.kind = kind
+        # Completion chunks never carry usage (reference §3.5): it is estimated.
+        # (The header goes out before the body, so the request decides it.)
+        self.usage_source = "reported" if kind == "chat" else "estimated"
+        self.alias = plan.alias
+        # The gateway's own id (spec §21): the worker's counts its requests.
+        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + os.urandom(12).hex()
+        self.full_usage = plan.full_usage
+        self.include_usage = plan.include_usage
+        self.max_tokens = plan.max_tokens
+        self.prompt_bytes = plan.prompt_bytes
+        # What ends a valid stream; on_item puts the estimated usage chunk
+        # before [DONE] once the finish shows the worker sent no usage.
+        self.terminal_frame = DONE_FRAME
+        self.collect = collect
+        self.has_content = False
+        self.content_chunks = 0
+        # Only a non-streaming caller needs the text kept: its answer is
+        # assembled at the end. A streaming caller needs frames only.
+        self.collected = CollectedAnswer(kind, plan.alias, plan.body)
+
+    def observe(self, chunk: Chunk) -> None:
+        """Count a validated chunk (and keep it for a non-streaming caller's
+        answer) without framing it: another dialect may show it its own way."""
+        if chunk.text or chunk.finish_reason:
+            self.has_content = True
+        if chunk.text:
+            self.content_chunks += 1
+        if self.collect:
+            self.collected.note(chunk)
+
+    def on_item(self, chunk: Chunk) -> bytes | None:
+        self.observe(chunk)
+        if self.collect:
+            return None
+        data = chunk.data
+        data["id"] = self.id
+        data["model"] = self.alias
+        if not self.include_usage:
+            data.pop("usage", None)
+        elif chunk.finish_reason is not None or chunk.usage is not None:
+            if chunk.usage is not None and not self.full_usage:
+                data["usage"] = counts_only(chunk.usage)
+            # After the finish no content may follow (only a usage-only chunk,
+            # which is reported usage): the estimate is final here.
+            self.terminal_frame = self._usage_frame(data) + DONE_FRAME
+        return b"data: " + orjson.dumps(data) + b"\n\n"
+
+    def _usage_frame(self, data: dict[str, Any]) -> bytes:
+        """The usage chunk the worker did not send (b"" when it did send usage):
+        the worker's chunk shape, ``choices: []``, the estimated usage."""
+        if self.validator.grammar.usage is not None:
+            return b""
+        usage = usage_of(None, None, self.prompt_bytes, self._output_estimate())
+        frame = {k: ([] if k == "choices" else v) for k, v in data.items() if k != "usage"}
+        frame["usage"] = public_usage(usage, full=self.full_usage)
+        return b"data: " + orjson.dumps(frame) + b"\n\n"
+
+    def _output_estimate(self) -> int:
+        grammar = self.validator.grammar
+        if self.kind == "completion":
+            return count_output_tokens(self.content_chunks, self.max_tokens)
+        return estimate_output_tokens(self.content_chunks, grammar.text.bytes, self.max_tokens)
+
+    def error_frame(self, exc: GatewayError) -> bytes:
+        return b"data: " + orjson.dumps(exc.body()) + b"\n\n"
+
+    def report(self) -> Report:
+        grammar = self.validator.grammar
+        usage = grammar.usage
+        counts = None
+        if usage is not None:
+            counts = (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"])
+        return Report(
+            finish_reason=grammar.finish_reason,
+            usage=usage,
+            counts=counts,
+            output_estimate=self._output_estimate(),
+            outcome="length" if grammar.finish_reason == "length" else "complete",
+            nul_replaced=grammar.text.nul_replaced,
+            upstream_id=grammar.chunk_id,
+        )
+
+    def answer(self, usage: dict[str, Any]) -> dict[str, Any]:
+        """The OpenAI JSON object for a non-streaming caller (spec §9, §14), keys
+        in the worker's order (``stop_sequence`` after ``finish_reason``)."""
+        answer = self.collected.answer(self.validator.grammar, usage)
+        answer["id"] = self.id
+        return answer
