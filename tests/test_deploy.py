@@ -25,7 +25,7 @@ from redis.exceptions import RedisError
 
 from gateway.config import GatewayConfig, UpstreamConfig
 from gateway.config.loader import Loaded, load_all, policy_files
-from gateway.pipeline.runtime import shutdown_bound_s
+from gateway.http.runtime import shutdown_bound_s
 from gateway.ratelimit import RedisLimitsStore, TenantLimits
 from gateway.tools.kustomize import policies_generator
 from gateway.upstream.launch import build_plan, check_argv, launch_plan_json

@@ -147,6 +147,18 @@ class Receipt:
     seq: int | None = None
     prev_sha256: str | None = None
 
+    def answered_by(
+        self,
+        route: str,
+        upstream: str,
+        serve_identity: str | None,
+        release: ReleaseMark | None = None,
+    ) -> None:
+        """The route, worker and release arm that answer the request: set once
+        resolved, and again when a release's fallback moves it (spec §16, §18)."""
+        self.route, self.upstream, self.serve_identity = route, upstream, serve_identity
+        self.release = release
+
 
 def receipt_line(receipt: Receipt) -> bytes:
     """The receipt as one JSON line (newline included): ``subject`` bounded (on

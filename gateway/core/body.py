@@ -53,10 +53,29 @@ Segment = bytes | MediaSlot
 class Layout:
     segments: tuple[Segment, ...]
     size: int
+    #: the segment index of each media slot, in slot order
+    slots: tuple[int, ...] = ()
 
     @property
     def media(self) -> bool:
         return any(isinstance(s, MediaSlot) for s in self.segments)
+
+    def refill(self, fills: Sequence[bytes | MediaSlot]) -> Layout:
+        """The same body with its media slots filled anew (inline data once
+        staged): the JSON around them is not dumped again."""
+        if len(fills) != len(self.slots):
+            raise ValueError("one fill per media slot")
+        segments = list(self.segments)
+        size = self.size
+        for at, fill in zip(self.slots, fills, strict=True):
+            size -= _size(segments[at])
+            segments[at] = fill
+            size += _size(fill)
+        return Layout(tuple(segments), size, self.slots)
+
+
+def _size(segment: Segment) -> int:
+    return segment.size if isinstance(segment, MediaSlot) else len(segment)
 
 
 def url_literal(url: str, dumps: Callable[[Any], bytes]) -> bytes:
@@ -78,27 +97,26 @@ def layout(
         raise GatewayError(
             "invalid_request", "The request contains values that cannot be encoded."
         ) from exc
-    cuts: list[tuple[int, int, bytes | MediaSlot]] = []
+    cuts: list[tuple[int, int, int, bytes | MediaSlot]] = []
     for slot, fill in enumerate(fills):
         marker = b'"' + placeholder(nonce, slot).encode("ascii") + b'"'
         at = raw.find(marker)
         if at < 0 or raw.find(marker, at + 1) >= 0:
             raise ValueError("each media placeholder must appear exactly once")
-        cuts.append((at, at + len(marker), fill))
+        cuts.append((at, at + len(marker), slot, fill))
     cuts.sort(key=lambda cut: cut[0])
     segments: list[Segment] = []
-    size = 0
+    where = [0] * len(fills)
     pos = 0
-    for start, end, fill in cuts:
+    for start, end, slot, fill in cuts:
         if start > pos:
             segments.append(raw[pos:start])
+        where[slot] = len(segments)
         segments.append(fill)
         pos = end
     if pos < len(raw):
         segments.append(raw[pos:])
-    for segment in segments:
-        size += segment.size if isinstance(segment, MediaSlot) else len(segment)
-    return Layout(tuple(segments), size)
+    return Layout(tuple(segments), sum(_size(s) for s in segments), tuple(where))
 
 
 def check_size(size: int, max_request_bytes: int) -> None:

@@ -29,10 +29,10 @@ from gateway.http.evidence_api import evidence_collection, evidence_item
 from gateway.http.inference import InferenceEndpoint
 from gateway.http.responses_api import response_cancel, response_input_items, response_item
 from gateway.http.routes import livez, metrics, models, readyz
+from gateway.http.runtime import Runtime, build_runtime, close_runtime, start_background
 from gateway.observe.access import RequestInfo
 from gateway.observe.logs import access_writer
 from gateway.observe.tracing import NO_SPAN, NS, Tracing, failed
-from gateway.pipeline.runtime import Runtime, build_runtime, close_runtime, start_background
 from gateway.pipeline.timings import ms
 from gateway.types import Receive, Scope, Send
 

@@ -15,8 +15,8 @@ from gateway.auth.failures import failure_reason
 from gateway.config.policy import Tenant
 from gateway.core.errors import GatewayError
 from gateway.core.replies import send_json
+from gateway.http.runtime import Runtime
 from gateway.observe.access import RequestInfo
-from gateway.pipeline.runtime import Runtime
 from gateway.types import Scope, Send
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")

@@ -22,7 +22,7 @@ from gateway.config.policy import Tenant
 from gateway.core.errors import GatewayError
 from gateway.http.asgi import header, info_of, runtime_of, send_error, send_json, tenant_for
 from gateway.http.bodyguard import ClientDisconnected, body_pieces, declared_length
-from gateway.pipeline.runtime import Runtime
+from gateway.http.runtime import Runtime
 from gateway.ratelimit import TenantLimits
 from gateway.types import Receive, Scope, Send
 

@@ -29,6 +29,7 @@ from gateway.http.asgi import (
     send_error,
 )
 from gateway.http.bodyguard import ClientDisconnected, parse_json, read_body
+from gateway.http.runtime import Runtime
 from gateway.pipeline import steps
 from gateway.pipeline.call import Call
 from gateway.pipeline.cancel import LAST_WORDS_S, CallerStalled, Exchange, watch_disconnect
@@ -68,10 +69,10 @@ class InferenceEndpoint:
         )
         exchange = Exchange(abort=scope.get("extensions", {}).get(ABORT_EXTENSION))
         media = RequestMedia(rt.evidence, tenant)
-        call = Call(rt, info, send, tenant, receipt, exchange, media, timings)
+        call = Call(rt.services, info, send, tenant, receipt, exchange, media, timings)
         rt.inflight.add(exchange)
         try:
-            ended = await exchange.run(lambda: self._serve(call, scope, receive, principal))
+            ended = await exchange.run(lambda: self._serve(call, rt, scope, receive, principal))
             if not ended and exchange.shutdown and not exchange.disconnected:
                 await _end_for_shutdown(call, self.api.error_shape)
         except Exception:
@@ -82,9 +83,9 @@ class InferenceEndpoint:
             await finish(call, self.api)
 
     async def _serve(
-        self, call: Call, scope: Scope, receive: Receive, principal: Principal
+        self, call: Call, rt: Runtime, scope: Scope, receive: Receive, principal: Principal
     ) -> None:
-        rt, tenant, info = call.rt, call.tenant, call.info
+        tenant, info = call.tenant, call.info
         began = now()
         try:
             authorize(principal, tenant, self.api.policy_endpoint, self.api.scope)
@@ -97,7 +98,7 @@ class InferenceEndpoint:
                 PlanContext(tenant, os.urandom(8).hex(), tuple(scope["headers"])),
             )
             call.plan = plan
-            steps.resolve(call, plan)
+            routed = steps.resolve(call, plan)
         except ClientDisconnected:
             call.exchange.disconnected = True
             return
@@ -110,7 +111,7 @@ class InferenceEndpoint:
 
         watcher = asyncio.create_task(watch_disconnect(receive, call.exchange))
         try:
-            await steps.run(call, self.api, plan)
+            await steps.run(call, routed, self.api, plan)
         except GatewayError as exc:
             call.fail(exc)
             relay = call.relay

@@ -38,7 +38,7 @@ from gateway.apis.responses.conversation import input_items_page
 from gateway.books.protocols import KeptResponse
 from gateway.core.errors import GatewayError
 from gateway.http.asgi import info_of, runtime_of, send_error, send_json, tenant_for
-from gateway.pipeline.runtime import Runtime
+from gateway.http.runtime import Runtime
 from gateway.types import Receive, Scope, Send
 
 

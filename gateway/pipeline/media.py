@@ -16,10 +16,10 @@ from gateway.books.evidence.records import EvidenceRecord
 from gateway.books.receipts import Receipt
 from gateway.config import StagingConfig
 from gateway.core.body import Layout, MediaSlot, layout
-from gateway.pipeline.call import Call
+from gateway.pipeline.call import Call, Routed
 
 
-async def lease_records(call: Call, plan: Plan, param: str) -> None:
+async def lease_records(call: Call, routed: Routed, plan: Plan, param: str) -> None:
     """Look up and lease the plan's evidence (catalog only; no file is read);
     a refusal names ``param``, the descriptor's media field."""
     ids = evidence_ids(plan.media)
@@ -29,10 +29,10 @@ async def lease_records(call: Call, plan: Plan, param: str) -> None:
             records[record.id] = record
     for item in check_records(plan, records, call.tenant, param):
         if item.record is not None:
-            call.records[item.ref.slot] = records[item.record.id]
+            routed.records[item.ref.slot] = records[item.record.id]
 
 
-async def stage_inline(call: Call, plan: Plan) -> None:
+async def stage_inline(call: Call, routed: Routed, plan: Plan) -> None:
     """Decode and stage the request's inline data (only after the permit)."""
     inline: list[Inline] = []
     for ref in plan.media:
@@ -40,7 +40,7 @@ async def stage_inline(call: Call, plan: Plan) -> None:
             assert ref.data_url is not None
             mime, payload = data_url_parts(ref.data_url)
             inline.append((ref.slot, mime, payload, ref.kind))
-    await call.media.stage(inline, call.records)
+    await call.media.stage(inline, routed.records)
 
 
 def body_layout(
@@ -49,6 +49,21 @@ def body_layout(
     records: dict[int, EvidenceRecord],
     staging: StagingConfig,
 ) -> Layout:
+    """The forwarded body with a slot per media part; inline data not staged
+    yet stands in at its declared type and decoded size."""
+    return layout(forward, plan.nonce, _fills(plan, records, staging), orjson.dumps)
+
+
+def refill(
+    body: Layout, plan: Plan, records: dict[int, EvidenceRecord], staging: StagingConfig
+) -> Layout:
+    """``body`` with its slots filled from ``records`` (inline data once staged)."""
+    return body.refill(_fills(plan, records, staging))
+
+
+def _fills(
+    plan: Plan, records: dict[int, EvidenceRecord], staging: StagingConfig
+) -> list[bytes | MediaSlot]:
     fills: list[bytes | MediaSlot] = []
     for ref in plan.media:
         record = records.get(ref.slot)
@@ -62,7 +77,7 @@ def body_layout(
         else:
             url = f"{staging.worker_url_prefix}/{record.sha256}.{record.ext}"
             fills.append(orjson.dumps(url))
-    return layout(forward, plan.nonce, fills, orjson.dumps)
+    return fills
 
 
 def record_artifacts(

@@ -40,9 +40,9 @@ from gateway.core.sse import NEED_DATA, Done, KeepAlive
 from gateway.pipeline.cancel import CallerStalled
 from gateway.pipeline.deadline import Deadline
 from gateway.types import Send
-from gateway.upstream.client import UpstreamStream
+from gateway.upstream.base import WorkerStream
 
-Opener = Callable[[], Awaitable[UpstreamStream]]
+Opener = Callable[[], Awaitable[WorkerStream]]
 
 KEEPALIVE_FRAME = b":\n\n"
 
@@ -86,7 +86,7 @@ class Relay:
         self.response_headers = response_headers
         self.abort = abort
         self.state = RelayState()
-        self.upstream: UpstreamStream | None = None
+        self.upstream: WorkerStream | None = None
         self._sending = False
 
     @property

@@ -19,7 +19,7 @@ from gateway.pipeline.call import Call
 from gateway.pipeline.media import record_artifacts
 from gateway.pipeline.spans import request_attributes
 from gateway.pipeline.timings import as_ms, ms
-from gateway.pipeline.worker import usage_of_call
+from gateway.pipeline.worker import usage_of
 from gateway.upstream.confirm import CancelConfirmer, State
 
 
@@ -31,62 +31,65 @@ async def finish(call: Call, api: Api) -> None:
         try:
             await call.media.close()
         finally:
-            call.rt.inflight.discard(call.exchange)
+            call.services.inflight.discard(call.exchange)
             call.exchange.done.set()
 
 
 def settle(call: Call, api: Api) -> None:
-    rt, info, receipt, exchange, facts = (
-        call.rt,
+    services, info, receipt, exchange, facts = (
+        call.services,
         call.info,
         call.receipt,
         call.exchange,
         call.facts,
     )
-    relay = call.relay
-    facts.upstream_closed = relay.close() if relay is not None else False
-    if call.producer is not None:
-        call.producer.close()
-        if call.producer.complete:
-            receipt.request_sha256 = call.producer.hasher.hexdigest()
-            receipt.request_bytes = call.producer.layout.size
-    if call.live:
-        call.worker.live -= 1
-    facts.disconnected, facts.stalled = exchange.disconnected, exchange.stalled
-    facts.shutdown = exchange.shutdown
-    record_artifacts(receipt, call.plan, call.records)
+    routed, attempt = call.routed, call.attempt
     ttft = None
-    if call.dialect is not None and relay is not None:
-        report = call.dialect.report()
+    if attempt is not None:
+        assert routed is not None and call.plan is not None
+        relay, producer = attempt.relay, attempt.producer
+        facts.upstream_closed = relay.close()
+        producer.close()
+        if producer.complete:
+            receipt.request_sha256 = producer.hasher.hexdigest()
+            receipt.request_bytes = producer.layout.size
+        if attempt.live:
+            routed.worker.live -= 1
+        report = attempt.dialect.report()
         facts.finished = relay.state.completed
         facts.answer_outcome = report.outcome
         receipt.stream_sha256 = relay.stream_sha256
         receipt.finish_reason = report.finish_reason
         receipt.nul_replaced = report.nul_replaced
         receipt.upstream_id = report.upstream_id
-        receipt.usage = call.usage or usage_of_call(call)
+        receipt.usage = call.usage or usage_of(attempt.dialect, call.plan)
         if relay.state.first_content_at is not None:
             ttft = relay.state.first_content_at - info.started
             receipt.ttft_ms = ms(ttft)
-            rt.metrics.ttft.observe(ttft)
+            services.metrics.ttft.observe(ttft)
+    facts.disconnected, facts.stalled = exchange.disconnected, exchange.stalled
+    facts.shutdown = exchange.shutdown
+    if routed is not None:
+        record_artifacts(receipt, call.plan, routed.records)
     decision = decide(facts)
     receipt.outcome, receipt.error_code = decision.outcome, decision.error_code
     receipt.cancellation = list(decision.cancellation)
-    resolved = call.resolved
-    if resolved is not None and resolved.release is not None and resolved.arm is not None:
-        # The arm that answered (after a fallback, the second): its count and window (§18).
-        rt.table.releases.settled(
-            resolved.release,
-            resolved.arm,
-            receipt.outcome,
-            receipt.error_code,
-            ttft,
-            reached_worker=call.timings.sent_at is not None,
-        )
-    if call.reservation is not None:
-        billed = receipt.usage is not None and (call.plan is None or call.plan.bills_tokens)
-        used = receipt.usage.total_tokens if billed and receipt.usage is not None else 0
-        rt.ratelimit.settle(call.reservation, used)
+    if routed is not None:
+        resolved = routed.resolved
+        if resolved.release is not None and resolved.arm is not None:
+            # The arm that answered (after a fallback, the second): its count and window (§18).
+            services.table.releases.settled(
+                resolved.release,
+                resolved.arm,
+                receipt.outcome,
+                receipt.error_code,
+                ttft,
+                reached_worker=call.timings.sent_at is not None,
+            )
+        if routed.reservation is not None:
+            billed = receipt.usage is not None and (call.plan is None or call.plan.bills_tokens)
+            used = receipt.usage.total_tokens if billed and receipt.usage is not None else 0
+            services.limits.settle(routed.reservation, used)
     ended = time.monotonic()
     receipt.duration_ms = ms(ended - info.started)
     _record_timings(call, ended)
@@ -106,26 +109,27 @@ def _confirmer(call: Call) -> CancelConfirmer | None:
     """The confirmation a request that reached its worker but did not end there
     waits for (spec §20): its whole body was sent, and the gateway closed the
     worker's response before its end or gave up waiting for its head."""
-    if call.permit is None or call.resolved is None or call.worker.confirmer is None:
+    routed, attempt = call.routed, call.attempt
+    if routed is None or routed.permit is None or attempt is None:
         return None
-    producer = call.producer
-    if producer is None or not producer.complete:
-        return None  # a body cut short is discarded by the worker: nothing runs
+    confirmer = routed.worker.confirmer
+    if confirmer is None or not attempt.producer.complete:
+        return None  # off, or a body cut short (the worker discards it: nothing runs)
     facts = call.facts
     gave_up = call.timings.head_at is None and facts.error_code == "upstream_timeout"
-    return call.worker.confirmer if facts.upstream_closed or gave_up else None
+    return confirmer if facts.upstream_closed or gave_up else None
 
 
 def _account(call: Call, confirmation: State | None) -> None:
     """The permits back, the receipt written, the outcome counted: at the end,
     or once the worker confirmed (or could not)."""
-    rt, receipt = call.rt, call.receipt
+    services, receipt = call.services, call.receipt
     if confirmation is not None:
         receipt.cancellation.append(confirmation)
-    if call.permit is not None:
-        call.permit.release()
-    rt.receipts.write(receipt)
-    metrics, tenant = rt.metrics, receipt.tenant
+    if call.routed is not None and call.routed.permit is not None:
+        call.routed.permit.release()
+    services.receipts.write(receipt)
+    metrics, tenant = services.metrics, receipt.tenant
     metrics.child(metrics.stream_outcomes, tenant, receipt.outcome).inc()
     if receipt.usage is not None:
         source = receipt.usage.source
@@ -136,13 +140,13 @@ def _account(call: Call, confirmation: State | None) -> None:
 
 
 def _record_timings(call: Call, ended: float) -> None:
-    timings = call.timings
-    if call.producer is not None and call.producer.media_s:
-        timings.add_media(call.producer.media_s)
-    first = call.relay.state.first_content_at if call.relay is not None else None
+    timings, attempt = call.timings, call.attempt
+    if attempt is not None and attempt.producer.media_s:
+        timings.add_media(attempt.producer.media_s)
+    first = attempt.relay.state.first_content_at if attempt is not None else None
     stages = timings.stages(first, ended)
     call.receipt.timings_ms = as_ms(stages)
-    metrics = call.rt.metrics
+    metrics = call.services.metrics
     for stage, seconds in stages.items():
         if seconds is not None:
             metrics.child(metrics.stages, stage).observe(seconds)
@@ -155,8 +159,9 @@ def _trace(call: Call, api: Api) -> None:
     if info.span is NO_SPAN:
         return
     error = receipt.error_code or ("canceled" if receipt.outcome == "canceled" else None)
-    if call.worker_span is not None:
-        call.worker_span.end(error=error, failed=failed(info.status, receipt.error_code))
+    span = call.attempt.span if call.attempt is not None else None
+    if span is not None:
+        span.end(error=error, failed=failed(info.status, receipt.error_code))
     info.span.set(request_attributes(receipt, api.operation))
     alias = receipt.model_alias
     info.span_name = f"{api.operation} {alias}" if alias else api.operation

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -26,6 +26,7 @@ import orjson
 
 from gateway.config import UpstreamConfig
 from gateway.core.errors import GatewayError
+from gateway.upstream.base import Accept
 from gateway.upstream.wire import (
     WireConnectError,
     WireConnection,
@@ -34,8 +35,6 @@ from gateway.upstream.wire import (
     WireProtocolError,
 )
 
-#: what the gateway asks the worker for: an SSE stream, or one JSON body
-Accept = Literal["sse", "json"]
 _ACCEPT: dict[str, bytes] = {"sse": b"text/event-stream", "json": b"application/json"}
 _CONTENT_TYPES = _ACCEPT
 
@@ -66,7 +65,8 @@ class ListingError(Exception):
 
 
 class UpstreamStream:
-    """An open worker response whose head passed the checks."""
+    """An open worker response whose head passed the checks
+    (:class:`~gateway.upstream.base.WorkerStream` over the wire pool)."""
 
     def __init__(self, conn: WireConnection, pool: WirePool) -> None:
         self._conn: WireConnection | None = conn
@@ -114,6 +114,8 @@ class UpstreamStream:
 
 
 class Upstream:
+    """:class:`~gateway.upstream.base.WorkerTransport` over HTTP/1.1."""
+
     def __init__(
         self,
         config: UpstreamConfig,

@@ -1,12 +1,13 @@
 """The route table: route → the worker serving it, resolved once per request (spec §16).
 
 A :class:`Worker` is one configured upstream with its live parts: its
-connection pool (``Upstream``), its admission pool (``capacity``; a tenant's
-``max_permits`` counts across all of them, ``admission.AdmissionGroup``) and
-its launch identity for receipts. The pipeline resolves a request's route to
-its worker right after planning and carries that worker to the end, so a
-policy reload that moves an alias to another route applies to new requests
-only, while streams in flight finish where they started.
+transport (``WorkerTransport``; ``Upstream`` in production), its admission
+pool (``capacity``; a tenant's ``max_permits`` counts across all of them,
+``admission.AdmissionGroup``) and its launch identity for receipts. The
+pipeline resolves a request's route to its worker right after planning and
+carries that worker to the end, so a policy reload that moves an alias to
+another route applies to new requests only, while streams in flight finish
+where they started.
 
 An alias may name a release (``release:<name>``, spec §18): :meth:`RouteTable.resolve`
 then picks the arm of the request's cohort (``gateway/upstream/releases.py``).
@@ -24,6 +25,7 @@ from typing import Protocol
 
 from gateway.admission import Admission, AdmissionGroup
 from gateway.config import GatewayConfig, UpstreamConfig
+from gateway.upstream.base import WorkerTransport
 from gateway.upstream.client import Upstream
 from gateway.upstream.confirm import MAX_METRICS_BYTES, CancelConfirmer
 from gateway.upstream.launch import serve_identity
@@ -33,7 +35,7 @@ from gateway.upstream.releases import CANARY, STABLE, Release, Releases, other_a
 @dataclass(eq=False)
 class Worker:
     config: UpstreamConfig
-    client: Upstream
+    client: WorkerTransport
     admission: Admission
     serve_identity: str | None
     #: holds canceled requests' permits until the worker confirms (spec §20); None: off

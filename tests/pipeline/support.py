@@ -5,27 +5,34 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
+from gateway.admission import AdmissionGroup
 from gateway.apis.base import Plan
-from gateway.books.evidence.leases import RequestMedia
+from gateway.books.evidence.encode import BodyProducer
+from gateway.books.evidence.leases import Inline
 from gateway.books.evidence.records import EvidenceRecord
+from gateway.books.evidence.store import EvidenceStore
 from gateway.books.protocols import KeptResponse
 from gateway.books.receipts import Receipt
-from gateway.config import LimitsConfig
+from gateway.config import GatewayConfig, LimitsConfig, StagingConfig
 from gateway.config.policy import Modality, PolicyLimits, Tenant, TenantPolicy, resolve_limits
+from gateway.core.body import Layout
 from gateway.core.errors import GatewayError
 from gateway.observe.access import RequestInfo
 from gateway.observe.metrics import GatewayMetrics
-from gateway.pipeline.call import Call
+from gateway.pipeline.call import Attempt, Call, Routed
 from gateway.pipeline.cancel import Exchange
 from gateway.pipeline.relay import Opener
-from gateway.pipeline.runtime import Runtime
+from gateway.pipeline.services import Limits, Services
 from gateway.pipeline.timings import Timings
+from gateway.ratelimit.base import Hold
+from gateway.ratelimit.core import TenantLimits
 from gateway.types import Message
-from gateway.upstream.client import UpstreamStream
+from gateway.upstream.base import Accept, WorkerStream
+from gateway.upstream.table import Resolved, RouteReadiness, RouteTable, Worker
 
 SSE_DIR = Path(__file__).resolve().parents[2] / "fixtures" / "sse"
 ALIAS = "gemma-4-mm"
@@ -85,8 +92,8 @@ class FakeUpstream:
         self.closed = True
 
     def opener(self) -> Opener:
-        async def open_stream() -> UpstreamStream:
-            return cast(UpstreamStream, self)
+        async def open_stream() -> WorkerStream:
+            return self
 
         return open_stream
 
@@ -180,10 +187,23 @@ class FakeReceipts:
 
 
 class FakeLimits:
-    def __init__(self) -> None:
-        self.settled: list[tuple[object, int]] = []
+    """Limits that only record settlements (tests that never reserve)."""
 
-    def settle(self, hold: object, used_tokens: int) -> None:
+    def __init__(self) -> None:
+        self.settled: list[tuple[Hold, int]] = []
+
+    async def reserve(
+        self,
+        tenant: str,
+        limits: TenantLimits,
+        tokens: int,
+        *,
+        concurrent: bool = True,
+        wait_s: float = 0.0,
+    ) -> Hold:
+        raise AssertionError("these tests never reserve")
+
+    def settle(self, hold: Hold, used_tokens: int) -> None:
         self.settled.append((hold, used_tokens))
 
 
@@ -233,28 +253,35 @@ class FakeResponses:
         return self.chains.get((tenant, response_id), [])[-max_links:]
 
 
-class FakeRuntime:
-    """The parts of a :class:`~gateway.pipeline.runtime.Runtime` that one
-    request's steps and its ``finally`` touch; real metrics on their own registry."""
+def no_blobs() -> EvidenceStore:
+    """An evidence store never read: these tests' bodies carry no staged media."""
+    return EvidenceStore(Path("/nonexistent/evidence"))
 
-    def __init__(
-        self,
-        *,
-        table: Any = None,
-        readiness: Any = None,
-        config: Any = None,
-        ratelimit: Any = None,
-        evidence: Any = None,
-    ) -> None:
-        self.inflight: set[Exchange] = set()
-        self.metrics = GatewayMetrics()
-        self.receipts = FakeReceipts()
-        self.ratelimit = ratelimit if ratelimit is not None else FakeLimits()
-        self.responses = FakeResponses()
-        self.table = table
-        self.readiness = readiness
-        self.config = config
-        self.evidence = evidence
+
+def make_services(
+    *,
+    table: RouteTable | None = None,
+    readiness: RouteReadiness | None = None,
+    config: GatewayConfig | None = None,
+    limits: Limits | None = None,
+) -> Services:
+    """The services one request's steps and its ``finally`` touch: fake books,
+    real metrics on their own registry, an empty route table unless given."""
+    return Services(
+        table=table or RouteTable([], AdmissionGroup({}, 8)),
+        readiness=readiness or AllReady(),
+        limits=limits if limits is not None else FakeLimits(),
+        responses=FakeResponses(),
+        receipts=FakeReceipts(),
+        metrics=GatewayMetrics(),
+        staging=config.staging if config is not None else StagingConfig(),
+        blobs=no_blobs(),
+    )
+
+
+class AllReady:
+    def ready(self, route: str) -> bool:
+        return True
 
 
 class FakeMedia:
@@ -269,11 +296,11 @@ class FakeMedia:
         self._staged = staged or {}
         self.events: list[Any] = []
 
-    async def lease(self, ids: list[str]) -> list[EvidenceRecord]:
+    async def lease(self, ids: Sequence[str]) -> list[EvidenceRecord]:
         self.events.append(("lease", list(ids)))
         return [r for r in self._records if r.id in ids]
 
-    async def stage(self, parts: list[Any], records: dict[int, EvidenceRecord]) -> None:
+    async def stage(self, parts: Sequence[Inline], records: dict[int, EvidenceRecord]) -> None:
         """Fills ``records`` as each part is staged, as ``RequestMedia.stage`` does."""
         self.events.append(("stage", list(parts)))
         for slot, *_ in parts:
@@ -288,7 +315,7 @@ class FakeMedia:
 
 
 def make_call(
-    rt: FakeRuntime | None = None,
+    services: Services | None = None,
     *,
     media: FakeMedia | None = None,
     tenant: Tenant | None = None,
@@ -305,13 +332,13 @@ def make_call(
     )
     started = time.monotonic()
     return Call(
-        rt=cast(Runtime, rt or FakeRuntime()),
+        services=services or make_services(),
         info=RequestInfo(request_id="req-1", started=started, tenant=tenant.name),
         send=send or Caller().send,
         tenant=tenant,
         receipt=receipt,
         exchange=exchange or Exchange(),
-        media=cast(RequestMedia, media or FakeMedia()),
+        media=media or FakeMedia(),
         timings=Timings(started),
     )
 
@@ -322,6 +349,107 @@ async def run_steps(call: Call) -> None:
     from gateway.pipeline import steps
 
     assert call.plan is not None
-    steps.resolve(call, call.plan)
+    routed = steps.resolve(call, call.plan)
     async with asyncio.timeout(5):
-        await steps.run(call, ChatApi(), call.plan)
+        await steps.run(call, routed, ChatApi(), call.plan)
+
+
+class FakeTransport:
+    """A worker transport (:class:`~gateway.upstream.base.WorkerTransport`) for
+    tests: subclasses answer :meth:`open_stream`; the small exchanges are never
+    asked of it on a request's path."""
+
+    async def open_stream(
+        self,
+        path: str,
+        body: bytes | AsyncIterator[bytes],
+        request_id: str,
+        *,
+        size: int | None = None,
+        accept: Accept = "sse",
+        traceparent: bytes | None = None,
+    ) -> WorkerStream:
+        raise NotImplementedError
+
+    async def get_models(self, timeout_s: float) -> Any:
+        raise AssertionError("not on a request's path")
+
+    async def request_json(
+        self, method: str, path: str, request_id: str, timeout_s: float
+    ) -> tuple[int, Any]:
+        raise AssertionError("not on a request's path")
+
+    async def get_metrics(self, path: str, timeout_s: float, limit: int) -> tuple[int, bytes]:
+        raise AssertionError("not on a request's path")
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def read_body(body: bytes | AsyncIterator[bytes]) -> bytes:
+    """A forwarded body, whole or in pieces, as the worker would read it."""
+    if isinstance(body, bytes):
+        return body
+    return b"".join([piece async for piece in body])
+
+
+# -- the stages of a call, built from real parts ------------------------------
+
+
+def make_worker(name: str = "default", route: str = ROUTE, capacity: int = 4) -> Worker:
+    """A worker on a fake transport with a real admission pool."""
+    config = GatewayConfig.model_validate(
+        {
+            "upstreams": [
+                {"name": name, "base_url": "http://127.0.0.1:9", "routes": [route], **{}},
+            ]
+        }
+    ).workers[0]
+    admission = AdmissionGroup({name: capacity}, 8)[name]
+    return Worker(config=config, client=FakeTransport(), admission=admission, serve_identity=None)
+
+
+def route_call(call: Call, worker: Worker | None = None) -> Routed:
+    """``call`` resolved to ``worker`` (a fresh one unless given), as
+    ``steps.resolve`` leaves it."""
+    worker = worker or make_worker()
+    routed = call.routed = Routed(Resolved(ALIAS, ROUTE, worker, True))
+    return routed
+
+
+def routed_of(call: Call) -> Routed:
+    assert call.routed is not None
+    return call.routed
+
+
+def attempt_of(call: Call) -> Attempt:
+    assert call.attempt is not None
+    return call.attempt
+
+
+def sent_body(body: bytes = b'{"model":"x"}', *, complete: bool = True) -> BodyProducer:
+    """A forwarded body without media, sent whole (or not at all)."""
+    producer = BodyProducer(Layout((body,), len(body)), no_blobs())
+    if complete:
+        producer.sent = len(body)
+        producer.hasher.update(body)
+    return producer
+
+
+def hold(tenant: str = TENANT) -> Hold:
+    return Hold(tenant, TenantLimits(None, None, None, None))
+
+
+def receipts_of(services: Services) -> FakeReceipts:
+    assert isinstance(services.receipts, FakeReceipts)
+    return services.receipts
+
+
+def limits_of(services: Services) -> FakeLimits:
+    assert isinstance(services.limits, FakeLimits)
+    return services.limits
+
+
+def responses_of(services: Services) -> FakeResponses:
+    assert isinstance(services.responses, FakeResponses)
+    return services.responses

@@ -24,6 +24,8 @@ from tests.pipeline.support import (
     make_call,
     make_tenant,
     record,
+    route_call,
+    routed_of,
 )
 
 PNG = record("ev_png", "image/png", 10, ext="png", locator="aa" * 32)
@@ -206,48 +208,52 @@ async def test_lease_records_leases_each_id_once_and_fills_every_slot() -> None:
     media = FakeMedia([PNG, WAV])
     call = make_call(media=media)
     plan = _plan(_evidence(0, "ev_png"), _evidence(1, "ev_wav", "audio"), _evidence(2, "ev_png"))
-    await lease_records(call, plan, "messages")
+    await lease_records(call, route_call(call), plan, "messages")
     assert media.events == [("lease", ["ev_png", "ev_wav"])]
-    assert call.records == {0: PNG, 1: WAV, 2: PNG}
+    assert routed_of(call).records == {0: PNG, 1: WAV, 2: PNG}
 
 
 async def test_lease_records_without_evidence_touches_no_catalog() -> None:
     media = FakeMedia()
     call = make_call(media=media)
-    await lease_records(call, _plan(_inline(0)), "messages")
-    assert media.events == [] and call.records == {}
+    await lease_records(call, route_call(call), _plan(_inline(0)), "messages")
+    assert media.events == [] and routed_of(call).records == {}
 
 
 async def test_a_record_of_another_kind_is_refused_naming_the_param() -> None:
     call = make_call(media=FakeMedia([WAV]))
     with pytest.raises(GatewayError) as caught:
-        await lease_records(call, _plan(_evidence(0, "ev_wav", "image")), "input")
+        await lease_records(call, route_call(call), _plan(_evidence(0, "ev_wav", "image")), "input")
     assert (caught.value.code, caught.value.param) == ("modality_not_allowed", "input")
-    assert call.records == {}
+    assert routed_of(call).records == {}
 
 
 async def test_a_modality_the_policy_dropped_since_planning_is_refused() -> None:
     call = make_call(media=FakeMedia([WAV]), tenant=make_tenant(modalities=["text", "image"]))
     with pytest.raises(GatewayError, match="modality_not_allowed"):
-        await lease_records(call, _plan(_evidence(0, "ev_wav", "audio")), "messages")
+        await lease_records(
+            call, route_call(call), _plan(_evidence(0, "ev_wav", "audio")), "messages"
+        )
 
 
 async def test_a_repeated_id_counts_against_the_byte_limit_each_time() -> None:
     tenant = make_tenant(max_media_bytes=15)
     once = make_call(media=FakeMedia([PNG]), tenant=tenant)
-    await lease_records(once, _plan(_evidence(0, "ev_png")), "messages")
+    await lease_records(once, route_call(once), _plan(_evidence(0, "ev_png")), "messages")
     twice = make_call(media=FakeMedia([PNG]), tenant=tenant)
     with pytest.raises(GatewayError, match="media_limit_exceeded"):
-        await lease_records(twice, _plan(_evidence(0, "ev_png"), _evidence(1, "ev_png")), "m")
+        await lease_records(
+            twice, route_call(twice), _plan(_evidence(0, "ev_png"), _evidence(1, "ev_png")), "m"
+        )
 
 
 async def test_stage_inline_hands_over_only_inline_parts_and_keeps_the_rest() -> None:
     wav_url = "data:audio/wav;base64,UklGRg=="
     media = FakeMedia(staged={1: DATA_STAGED, 2: WAV})
     call = make_call(media=media)
-    call.records[0] = PNG
+    route_call(call).records[0] = PNG
     plan = _plan(_evidence(0, "ev_png"), _inline(1), _inline(2, wav_url, 4, "audio"))
-    await stage_inline(call, plan)
+    await stage_inline(call, routed_of(call), plan)
     assert media.events == [
         (
             "stage",
@@ -257,13 +263,13 @@ async def test_stage_inline_hands_over_only_inline_parts_and_keeps_the_rest() ->
             ],
         )
     ]
-    assert call.records == {0: PNG, 1: DATA_STAGED, 2: WAV}
+    assert routed_of(call).records == {0: PNG, 1: DATA_STAGED, 2: WAV}
 
 
 async def test_stage_inline_passes_no_type_where_none_was_declared() -> None:
     media = FakeMedia(staged={0: DATA_STAGED})
     call = make_call(media=media)
-    await stage_inline(call, _plan(_inline(0, "data:;base64,YWJj", 3)))
+    await stage_inline(call, route_call(call), _plan(_inline(0, "data:;base64,YWJj", 3)))
     # The evidence service decides the type from the bytes.
     assert media.events == [("stage", [(0, None, "YWJj", "image")])]
-    assert call.records == {0: DATA_STAGED}
+    assert routed_of(call).records == {0: DATA_STAGED}

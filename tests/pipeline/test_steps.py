@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, cast
+from typing import Any
 
 import orjson
 import pytest
@@ -23,9 +23,10 @@ from gateway.core.body import placeholder
 from gateway.core.errors import GatewayError
 from gateway.pipeline import steps
 from gateway.pipeline.call import Call
+from gateway.pipeline.services import Services
 from gateway.pipeline.settle import settle
 from gateway.ratelimit.memory import MemoryLimitsStore
-from gateway.upstream.client import Upstream, UpstreamStream
+from gateway.upstream.base import Accept, WorkerStream
 from gateway.upstream.table import RouteTable, capacities
 from tests.pipeline.support import (
     ALIAS,
@@ -33,12 +34,17 @@ from tests.pipeline.support import (
     ROUTE,
     Caller,
     FakeMedia,
-    FakeRuntime,
+    FakeTransport,
     FakeUpstream,
+    attempt_of,
     chat_plan,
     make_call,
+    make_services,
     make_tenant,
+    read_body,
     record,
+    responses_of,
+    routed_of,
     run_steps,
     sse_fixture,
 )
@@ -60,8 +66,8 @@ class _Readiness:
         return self.is_ready
 
 
-class _Worker:
-    """The worker's client: reads the body it is sent, answers with ``upstream``."""
+class _Worker(FakeTransport):
+    """The worker's transport: reads the body it is sent, answers with ``upstream``."""
 
     def __init__(self, upstream: FakeUpstream) -> None:
         self.upstream = upstream
@@ -71,16 +77,16 @@ class _Worker:
     async def open_stream(
         self,
         path: str,
-        body: AsyncIterator[bytes],
+        body: bytes | AsyncIterator[bytes],
         request_id: str,
         *,
         size: int | None = None,
-        accept: str = "sse",
+        accept: Accept = "sse",
         traceparent: bytes | None = None,
-    ) -> UpstreamStream:
-        self.body = b"".join([piece async for piece in body])
+    ) -> WorkerStream:
+        self.body = await read_body(body)
         self.calls.append({"path": path, "request_id": request_id, "size": size, "accept": accept})
-        return cast(UpstreamStream, self.upstream)
+        return self.upstream
 
 
 def _config(**upstream: Any) -> GatewayConfig:
@@ -93,19 +99,20 @@ def _config(**upstream: Any) -> GatewayConfig:
 
 
 class _Rig:
-    def __init__(self, table: RouteTable, rt: FakeRuntime, readiness: _Readiness) -> None:
-        self.table, self.rt, self.readiness = table, rt, readiness
+    def __init__(self, table: RouteTable, services: Services, readiness: _Readiness) -> None:
+        self.table, self.services, self.readiness = table, services, readiness
+        self.responses = responses_of(services)
         self.worker = table.workers["default"]
 
     def call(self, plan: Plan, media: FakeMedia | None = None) -> tuple[Call, Caller]:
         caller = Caller()
-        call = make_call(self.rt, media=media, send=caller.send)
+        call = make_call(self.services, media=media, send=caller.send)
         call.plan = plan
         return call, caller
 
     def answer(self, raw: bytes) -> _Worker:
         fake = _Worker(FakeUpstream([raw]))
-        self.worker.client = cast(Upstream, fake)
+        self.worker.client = fake
         return fake
 
 
@@ -115,15 +122,11 @@ async def _rig(config: GatewayConfig) -> AsyncIterator[_Rig]:
     table = RouteTable.build(config, admissions)
     client = table.workers["default"].client
     readiness = _Readiness()
-    rt = FakeRuntime(
-        table=table,
-        readiness=readiness,
-        config=config,
-        ratelimit=MemoryLimitsStore(),
-        evidence=type("Evidence", (), {"store": None})(),
+    services = make_services(
+        table=table, readiness=readiness, config=config, limits=MemoryLimitsStore()
     )
     try:
-        yield _Rig(table, rt, readiness)
+        yield _Rig(table, services, readiness)
     finally:
         await client.aclose()
 
@@ -144,8 +147,8 @@ async def test_resolve_fills_the_receipt_and_holds_the_worker(rig: _Rig) -> None
     plan = chat_plan(max_tokens=33)
     plan.dropped_parts = [2]
     call, _ = rig.call(plan)
-    steps.resolve(call, plan)
-    assert call.resolved is not None and call.worker is rig.worker
+    routed = steps.resolve(call, plan)
+    assert call.routed is routed and routed.worker is rig.worker
     receipt = call.receipt
     assert (receipt.model_alias, receipt.route, receipt.upstream) == (ALIAS, ROUTE, "default")
     assert receipt.serve_identity is None
@@ -175,7 +178,7 @@ async def test_a_route_not_ready_is_refused_after_the_receipt_is_filled(rig: _Ri
         "default",
         False,
     )
-    assert call.resolved is not None and call.resolved.ready is False
+    assert routed_of(call).resolved.ready is False
 
 
 # -- run: from the records to the worker's answer -------------------------------
@@ -202,7 +205,7 @@ async def test_a_streamed_request_reaches_the_worker_and_the_caller(rig: _Rig) -
     assert headers[b"x-usage-source"] == b"reported"
     assert caller.bodies[-1] == b"data: [DONE]\n\n"
     assert call.relay is not None and call.relay.state.completed
-    assert call.producer is not None and call.producer.complete
+    assert attempt_of(call).producer.complete
 
 
 async def test_run_holds_a_permit_and_a_reservation_until_settled(rig: _Rig) -> None:
@@ -210,13 +213,14 @@ async def test_run_holds_a_permit_and_a_reservation_until_settled(rig: _Rig) -> 
     call, _ = rig.call(chat_plan())
     await _run(call)
     admission = rig.worker.admission
-    assert call.permit is not None and call.reservation is not None
+    permit, reservation = routed_of(call).permit, routed_of(call).reservation
+    assert permit is not None and reservation is not None
     assert call.receipt.queue_ms is not None and call.receipt.queue_ms >= 0
-    assert admission.in_use == call.permit.weight >= 1
-    assert not call.reservation.settled
+    assert admission.in_use == permit.weight >= 1
+    assert not reservation.settled
     settle(call, API)
-    assert call.permit.released and admission.in_use == 0
-    assert call.reservation.settled
+    assert permit.released and admission.in_use == 0
+    assert reservation.settled
     assert call.receipt.outcome == "complete"
 
 
@@ -238,7 +242,7 @@ async def test_a_body_over_the_workers_limit_is_refused_before_any_hold() -> Non
         call, caller = rig.call(chat_plan(messages=[{"role": "user", "content": "x" * 100}]))
         with pytest.raises(GatewayError, match="media_limit_exceeded"):
             await _run(call)
-        assert call.reservation is None and call.permit is None
+        assert routed_of(call).reservation is None and routed_of(call).permit is None
         assert worker.calls == [] and caller.messages == []
 
 
@@ -253,7 +257,7 @@ async def test_a_previous_response_of_another_tenant_is_not_found(rig: _Rig) -> 
         "response_not_found",
         "previous_response_id",
     )
-    assert worker.calls == [] and call.reservation is None
+    assert worker.calls == [] and routed_of(call).reservation is None
 
 
 def _link(rid: str, text: str, previous: str | None = None) -> KeptResponse:
@@ -281,13 +285,13 @@ def _follow_up(previous: str) -> Plan:
 
 async def _run_responses(call: Call) -> None:
     assert call.plan is not None
-    steps.resolve(call, call.plan)
+    routed = steps.resolve(call, call.plan)
     async with asyncio.timeout(5):
-        await steps.run(call, RESPONSES, call.plan)
+        await steps.run(call, routed, RESPONSES, call.plan)
 
 
 async def test_a_previous_response_is_forwarded_as_its_whole_conversation(rig: _Rig) -> None:
-    rig.rt.responses.chains[("acme", "resp_two")] = [
+    rig.responses.chains[("acme", "resp_two")] = [
         _link("resp_one", "one"),
         _link("resp_two", "two", previous="resp_one"),
     ]
@@ -320,7 +324,7 @@ async def test_a_previous_response_is_forwarded_as_its_whole_conversation(rig: _
 async def test_a_conversation_not_kept_whole_is_not_forwarded(
     rig: _Rig, chain: list[KeptResponse], code: str, message: str
 ) -> None:
-    rig.rt.responses.chains[("acme", "resp_two")] = chain
+    rig.responses.chains[("acme", "resp_two")] = chain
     worker = rig.answer(RESPONSES_VALID)
     call, _ = rig.call(_follow_up("resp_two"))
     with pytest.raises(GatewayError) as caught:
@@ -330,18 +334,18 @@ async def test_a_conversation_not_kept_whole_is_not_forwarded(
         "previous_response_id",
         message,
     )
-    assert worker.calls == [] and call.reservation is None
+    assert worker.calls == [] and routed_of(call).reservation is None
 
 
 async def test_a_conversation_longer_than_its_bound_is_too_large(rig: _Rig) -> None:
     links = [_link(f"resp_{i}", "x", previous=f"resp_{i - 1}") for i in range(MAX_LINKS + 1)]
-    rig.rt.responses.chains[("acme", "resp_last")] = links
+    rig.responses.chains[("acme", "resp_last")] = links
     worker = rig.answer(RESPONSES_VALID)
     call, _ = rig.call(_follow_up("resp_last"))
     with pytest.raises(GatewayError) as caught:
         await _run_responses(call)
     assert (caught.value.code, caught.value.param) == ("prompt_too_large", "previous_response_id")
-    assert worker.calls == [] and call.reservation is None
+    assert worker.calls == [] and routed_of(call).reservation is None
 
 
 async def test_evidence_is_leased_before_and_inline_data_staged_after_the_permit(
@@ -370,7 +374,7 @@ async def test_evidence_is_leased_before_and_inline_data_staged_after_the_permit
         f"{PREFIX}/{png.sha256}.png",
         f"{PREFIX}/{staged.sha256}.png",
     ]
-    assert call.records == {0: png, 1: staged}
+    assert routed_of(call).records == {0: png, 1: staged}
 
 
 async def test_a_worker_failure_after_headers_leaves_the_hold_for_settle(rig: _Rig) -> None:
@@ -378,5 +382,5 @@ async def test_a_worker_failure_after_headers_leaves_the_hold_for_settle(rig: _R
     call, caller = rig.call(chat_plan())
     with pytest.raises(GatewayError, match="upstream_unavailable"):
         await _run(call)
-    assert call.permit is not None and call.relay is not None
+    assert routed_of(call).permit is not None and call.relay is not None
     assert b"data: [DONE]" not in caller.body

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, cast
+from typing import Any
 
 import orjson
 import pytest
@@ -18,19 +18,24 @@ from gateway.books.receipts import ReleaseMark
 from gateway.config import GatewayConfig
 from gateway.core.errors import GatewayError
 from gateway.pipeline.call import Call
+from gateway.pipeline.services import Services
 from gateway.pipeline.settle import settle
 from gateway.ratelimit.memory import MemoryLimitsStore
-from gateway.upstream.client import Upstream, UpstreamStream
+from gateway.upstream.base import Accept, WorkerStream
 from gateway.upstream.releases import Releases
 from gateway.upstream.table import RouteTable, capacities
 from tests.pipeline.support import (
     ALIAS,
     Caller,
-    FakeRuntime,
+    FakeTransport,
     FakeUpstream,
     chat_plan,
     make_call,
+    make_services,
     make_tenant,
+    read_body,
+    receipts_of,
+    routed_of,
     run_steps,
     sse_fixture,
 )
@@ -40,8 +45,8 @@ VALID = sse_fixture("chat_valid.sse")
 OLD, NEW = "/srv/models/old", "/srv/models/new"
 
 
-class _Client:
-    """A worker's client: reads the body, then fails with ``error`` or answers."""
+class _Client(FakeTransport):
+    """A worker's transport: reads the body, then fails with ``error`` or answers."""
 
     def __init__(self, error: GatewayError | None = None, answer: FakeUpstream | None = None):
         self.error = error
@@ -49,13 +54,20 @@ class _Client:
         self.bodies: list[dict[str, Any]] = []
 
     async def open_stream(
-        self, path: str, body: AsyncIterator[bytes], request_id: str, **_: Any
-    ) -> UpstreamStream:
-        self.bodies.append(orjson.loads(b"".join([piece async for piece in body])))
+        self,
+        path: str,
+        body: bytes | AsyncIterator[bytes],
+        request_id: str,
+        *,
+        size: int | None = None,
+        accept: Accept = "sse",
+        traceparent: bytes | None = None,
+    ) -> WorkerStream:
+        self.bodies.append(orjson.loads(await read_body(body)))
         if self.error is not None:
             raise self.error
         assert self.answer is not None
-        return cast(UpstreamStream, self.answer)
+        return self.answer
 
 
 class _Ready:
@@ -85,17 +97,17 @@ def _config(**release: Any) -> GatewayConfig:
 
 
 class _Rig:
-    def __init__(self, table: RouteTable, rt: FakeRuntime) -> None:
-        self.table, self.rt = table, rt
+    def __init__(self, table: RouteTable, services: Services) -> None:
+        self.table, self.services = table, services
         self.old, self.new = table.workers["old"], table.workers["new"]
 
     def clients(self, old: _Client, new: _Client) -> None:
-        self.old.client = cast(Upstream, old)
-        self.new.client = cast(Upstream, new)
+        self.old.client = old
+        self.new.client = new
 
     def call(self, *, stream: bool = True) -> tuple[Call, Caller]:
         caller = Caller()
-        call = make_call(self.rt, tenant=make_tenant(models={ALIAS: "release:chat"}))
+        call = make_call(self.services, tenant=make_tenant(models={ALIAS: "release:chat"}))
         call.send = caller.send
         call.plan = chat_plan(stream=stream)
         return call, caller
@@ -104,7 +116,7 @@ class _Rig:
         return self.old.admission.in_use, self.new.admission.in_use
 
     def counted(self, arm: str, outcome: str) -> float | None:
-        return self.rt.metrics.registry.get_sample_value(
+        return self.services.metrics.registry.get_sample_value(
             "gateway_release_requests_total", {"release": "chat", "arm": arm, "outcome": outcome}
         )
 
@@ -113,16 +125,12 @@ class _Rig:
 async def _rig(config: GatewayConfig) -> AsyncIterator[_Rig]:
     table = RouteTable.build(config, AdmissionGroup(capacities(config), 8))
     clients = [w.client for w in table.workers.values()]
-    rt = FakeRuntime(
-        table=table,
-        readiness=_Ready(),
-        config=config,
-        ratelimit=MemoryLimitsStore(),
-        evidence=type("Evidence", (), {"store": None})(),
+    services = make_services(
+        table=table, readiness=_Ready(), config=config, limits=MemoryLimitsStore()
     )
-    table.releases = Releases(config.releases, rt.metrics)
+    table.releases = Releases(config.releases, services.metrics)
     try:
-        yield _Rig(table, rt)
+        yield _Rig(table, services)
     finally:
         for client in clients:
             await client.aclose()
@@ -168,14 +176,14 @@ async def test_a_canary_failing_before_its_head_is_answered_by_stable(
     receipt = call.receipt
     assert receipt.release == ReleaseMark("chat", "stable", fallback_from="canary")
     assert (receipt.upstream, receipt.route) == ("old", OLD)
-    assert rig.in_use() == (call.permit.weight if call.permit else 0, 0)
+    assert rig.in_use() == (permit.weight if (permit := routed_of(call).permit) else 0, 0)
     assert (rig.old.live, rig.new.live) == (1, 0)
     settle(call, API)
     assert receipt.outcome == "complete"
     assert rig.in_use() == (0, 0) and (rig.old.live, rig.new.live) == (0, 0)
     assert rig.counted("canary", error.outcome) == 1
     assert rig.counted("stable", "complete") == 1
-    assert len(rig.rt.receipts.written) == 1
+    assert len(receipts_of(rig.services).written) == 1
 
 
 async def test_a_failure_after_the_head_is_not_retried(rig: _Rig) -> None:

@@ -1,7 +1,10 @@
-"""Everything long-lived that one app serves from, built in the lifespan.
+"""The composition root: everything long-lived that one app serves from,
+built in the lifespan, and its reload, drain and shutdown.
 
 A :class:`Runtime` lives on ``app.state.runtime``; nothing here is
-module-level. ``policies`` is replaced whole on reload (an immutable
+module-level. One request's steps see only its
+:class:`~gateway.pipeline.services.Services` (the route table, limits, books
+and metrics), never the runtime. ``policies`` is replaced whole on reload (an immutable
 :class:`PolicySet`), so a request that read it once keeps that set.
 In-flight inference requests register an :class:`Exchange` so that a drain
 can wait for them and, past the grace period, end them.
@@ -39,6 +42,7 @@ from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.tracing import NO_TRACING, Tracing, settings_from_env
 from gateway.pipeline.cancel import Exchange
 from gateway.pipeline.probe import probe
+from gateway.pipeline.services import Services
 from gateway.ratelimit import LimitsStore, build_limits_store
 from gateway.upstream.readiness import Readiness
 from gateway.upstream.releases import Releases
@@ -87,9 +91,10 @@ class Runtime:
     uploads: asyncio.Semaphore
     #: which Responses ids are whose
     responses: ResponseBook
+    #: what one request's steps use of the above
+    services: Services
     keys_http: httpx.AsyncClient | None = None
     draining: bool = False
-    inflight: set[Exchange] = field(default_factory=set)
     background: list[asyncio.Task[None]] = field(default_factory=list)
     metrics_listener: MetricsListener | None = None
     tracing: Tracing = NO_TRACING
@@ -99,6 +104,10 @@ class Runtime:
     @property
     def config(self) -> GatewayConfig:
         return self.loaded.config
+
+    @property
+    def inflight(self) -> set[Exchange]:
+        return self.services.inflight
 
     def accepting(self) -> bool:
         """Ready for traffic: every route some policy uses is ready, no drain."""
@@ -287,23 +296,35 @@ async def build_runtime(loaded: Loaded, tracing: Tracing | None = None) -> Runti
         if any(i.jwks_url for i in config.auth.issuers)
         else None
     )
+    readiness = Readiness(table, metrics, probe)
+    responses = ResponseBook(
+        state.responses,
+        ttl_s=config.responses.ttl_s,
+        timeout_s=config.state.timeout_s,
+        sweep_s=config.staging.expiry_sweep_s,
+    )
     runtime = Runtime(
         loaded=loaded,
         policies=loaded.policies,
         auth=Authenticator(keys, http=keys_http),
         table=table,
-        readiness=Readiness(table, metrics, probe),
+        readiness=readiness,
         ratelimit=ratelimit,
         evidence=evidence,
         state=state,
         receipts=receipts,
         metrics=metrics,
         uploads=asyncio.Semaphore(config.staging.max_concurrent_uploads),
-        responses=ResponseBook(
-            state.responses,
-            ttl_s=config.responses.ttl_s,
-            timeout_s=config.state.timeout_s,
-            sweep_s=config.staging.expiry_sweep_s,
+        responses=responses,
+        services=Services(
+            table=table,
+            readiness=readiness,
+            limits=ratelimit,
+            responses=responses,
+            receipts=receipts,
+            metrics=metrics,
+            staging=config.staging,
+            blobs=evidence.store,
         ),
         keys_http=keys_http,
         tracing=tracing if tracing is not None else tracing_from_env(os.environ),
