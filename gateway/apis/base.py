@@ -4,7 +4,8 @@ One pipeline serves every inference endpoint (``gateway/pipeline``); an
 :class:`Api` descriptor owns only what differs between them, the way a
 starlette ``Route`` carries what differs per path:
 
-- its path, scope and endpoint name (policy, receipts, metrics);
+- its :class:`Endpoint`: path, scope and endpoint name (policy, receipts,
+  metrics), the worker's path and exchange, the error shape;
 - :meth:`Api.plan`: the field allowlist and the planning of one request
   (alias, output bound, prompt bytes, media parts as :class:`MediaRef`);
 - :meth:`Api.forward`: the body the worker gets (alias → exact route,
@@ -200,25 +201,38 @@ class Dialect(Protocol):
     def report(self) -> Report: ...
 
 
-class Api(Protocol):
-    """An endpoint descriptor; see the module docstring."""
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """What names one endpoint, for the edge, the policy, receipts and metrics."""
 
     #: the receipt's and the metrics' endpoint name
     name: str
-    #: the endpoint name policies allow (``name`` unless several paths share one)
-    policy_endpoint: str
     path: str
-    #: where the worker is asked (``path`` unless the gateway translates the dialect)
-    upstream_path: str
-    #: the shape of error bodies on this path: ``openai`` | ``anthropic``
-    error_shape: Literal["openai", "anthropic"]
-    scope: str
     #: the OpenTelemetry GenAI ``gen_ai.operation.name`` of a call to it
     operation: str
-    #: what the gateway asks the worker for: an SSE stream, or one JSON body
-    exchange: Literal["sse", "json"]
     #: the request field a media refusal names as its ``param``
     media_param: str
+    #: where the worker is asked (``path`` unless the gateway translates the dialect)
+    upstream_path: str = ""
+    #: the endpoint name policies allow (``name`` unless several paths share one)
+    policy_endpoint: str = ""
+    #: the shape of error bodies on this path
+    error_shape: Literal["openai", "anthropic"] = "openai"
+    scope: str = "inference"
+    #: what the gateway asks the worker for: an SSE stream, or one JSON body
+    exchange: Literal["sse", "json"] = "sse"
+
+    def __post_init__(self) -> None:
+        if not self.upstream_path:
+            object.__setattr__(self, "upstream_path", self.path)
+        if not self.policy_endpoint:
+            object.__setattr__(self, "policy_endpoint", self.name)
+
+
+class Api(Protocol):
+    """An endpoint descriptor; see the module docstring."""
+
+    endpoint: Endpoint
 
     def plan(self, body: Any, ctx: PlanContext) -> Plan: ...
 

@@ -258,11 +258,15 @@ def create_app(loaded: Loaded, tracing: Tracing | None = None) -> GatewayApp:
         finally:
             await close_runtime(runtime)
 
-    inference = {api.path: InferenceEndpoint(api) for api in APIS}
+    inference = {api.endpoint.path: InferenceEndpoint(api) for api in APIS}
     # Anthropic SDKs append /v1/messages to their base URL; one ending in /v1
     # (as OpenAI SDKs want it) must work too (spec §19).
     inference.update(
-        {"/v1" + api.path: inference[api.path] for api in APIS if api.error_shape == "anthropic"}
+        {
+            "/v1" + api.endpoint.path: inference[api.endpoint.path]
+            for api in APIS
+            if api.endpoint.error_shape == "anthropic"
+        }
     )
     # Listed in the router too, so that other methods on them get a clean 405.
     routes = [

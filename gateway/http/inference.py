@@ -43,18 +43,18 @@ class InferenceEndpoint:
 
     def __init__(self, api: Api) -> None:
         self.api = api
-        self.path = api.path
+        self.path = api.endpoint.path
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         rt = runtime_of(scope)
         info = info_of(scope)
-        info.endpoint = self.api.name
+        info.endpoint = self.api.endpoint.name
         policies = rt.policies  # one snapshot for the whole request (reloads swap it)
         began = now()
         try:
             principal = await rt.auth.authenticate(authorization_values(scope), policies)
         except GatewayError as exc:
-            await send_error(send, exc, info, self.api.error_shape)
+            await send_error(send, exc, info, self.api.endpoint.error_shape)
             return
         timings = Timings(info.started, auth=now() - began)
         tenant = policies.tenants[principal.tenant]
@@ -63,7 +63,7 @@ class InferenceEndpoint:
             request_id=info.request_id,
             tenant=tenant.name,
             subject=principal.subject,
-            endpoint=self.api.name,
+            endpoint=self.api.endpoint.name,
             serve_identity=None,
             created=time.time(),
         )
@@ -74,7 +74,7 @@ class InferenceEndpoint:
         try:
             ended = await exchange.run(lambda: self._serve(call, rt, scope, receive, principal))
             if not ended and exchange.shutdown and not exchange.disconnected:
-                await _end_for_shutdown(call, self.api.error_shape)
+                await _end_for_shutdown(call, self.api.endpoint.error_shape)
         except Exception:
             # A bug: the app answers 500; the receipt says what is known.
             call.facts.internal = True
@@ -88,7 +88,7 @@ class InferenceEndpoint:
         tenant, info = call.tenant, call.info
         began = now()
         try:
-            authorize(principal, tenant, self.api.policy_endpoint, self.api.scope)
+            authorize(principal, tenant, self.api.endpoint.policy_endpoint, self.api.endpoint.scope)
             rt.check_serving()
             body = await read_body(
                 scope, receive, tenant.limits.max_body_bytes, rt.config.listen.body_timeout_s
@@ -104,7 +104,7 @@ class InferenceEndpoint:
             return
         except GatewayError as exc:
             call.fail(exc)
-            await send_error(call.send, exc, info, self.api.error_shape)
+            await send_error(call.send, exc, info, self.api.endpoint.error_shape)
             return
         finally:
             call.timings.plan = now() - began
@@ -116,7 +116,7 @@ class InferenceEndpoint:
             call.fail(exc)
             relay = call.relay
             if relay is None or not relay.state.headers_sent:
-                await send_error(call.send, exc, info, self.api.error_shape)
+                await send_error(call.send, exc, info, self.api.endpoint.error_shape)
         except CallerStalled:
             call.exchange.stall()
         finally:

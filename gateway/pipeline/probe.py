@@ -45,12 +45,12 @@ async def probe(worker: Worker, route: str) -> bool:
     settings = config.probe
     api, body = _request(route, settings.kind, settings.prompt, settings.max_tokens)
     plan = Plan(
-        endpoint=api.name,
+        endpoint=api.endpoint.name,
         alias=route,
         body=body,
         stream=False,
         include_usage=True,
-        max_tokens=settings.max_tokens if api.exchange == "sse" else None,
+        max_tokens=settings.max_tokens if api.endpoint.exchange == "sse" else None,
         prompt_bytes=len(settings.prompt),
         nonce="probe",
     )
@@ -62,7 +62,7 @@ async def probe(worker: Worker, route: str) -> bool:
     try:
         await relay.collect(
             lambda: worker.client.open_stream(
-                api.path, orjson.dumps(body), request_id, accept=api.exchange
+                api.endpoint.path, orjson.dumps(body), request_id, accept=api.endpoint.exchange
             )
         )
     except (GatewayError, CallerStalled) as exc:

@@ -162,6 +162,6 @@ def _trace(call: Call, api: Api) -> None:
     span = call.attempt.span if call.attempt is not None else None
     if span is not None:
         span.end(error=error, failed=failed(info.status, receipt.error_code))
-    info.span.set(request_attributes(receipt, api.operation))
+    info.span.set(request_attributes(receipt, api.endpoint.operation))
     alias = receipt.model_alias
-    info.span_name = f"{api.operation} {alias}" if alias else api.operation
+    info.span_name = f"{api.endpoint.operation} {alias}" if alias else api.endpoint.operation

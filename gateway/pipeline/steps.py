@@ -72,7 +72,7 @@ async def run(call: Call, routed: Routed, api: Api, plan: Plan) -> None:
         expand(forward, plan, await _conversation(call, plan.previous_response_id), tenant)
     if plan.media:
         began = now()
-        await lease_records(call, routed, plan, api.media_param)
+        await lease_records(call, routed, plan, api.endpoint.media_param)
         call.timings.add_media(now() - began)
     # Laid out once; inline data refills its slots after staging (no second dump).
     body = body_layout(forward, plan, routed.records, staging)

@@ -91,13 +91,13 @@ async def _attempt(
     traceparent = None
     if info.span is not NO_SPAN:
         span = attempt.span = info.span.child(
-            f"POST {api.upstream_path}",
+            f"POST {api.endpoint.upstream_path}",
             kind="client",
             attributes={
                 "http.request.method": "POST",
                 "server.address": upstream_cfg.host,
                 "server.port": upstream_cfg.port,
-                "url.path": api.upstream_path,
+                "url.path": api.endpoint.upstream_path,
                 NS + "upstream": worker.name,
             },
         )
@@ -110,11 +110,11 @@ async def _attempt(
         worker.live += 1
         attempt.live = True
         stream = await worker.client.open_stream(
-            api.upstream_path,
+            api.endpoint.upstream_path,
             producer.pieces(),
             info.request_id,
             size=body.size,
-            accept=api.exchange,
+            accept=api.endpoint.exchange,
             traceparent=traceparent,
         )
         timings.head_at = now()

@@ -121,7 +121,7 @@ def worker_reply(api: Api, plan: Plan) -> bytes:
     state = State([ROUTE], SimKnobs(), True, 7)
     body = orjson.dumps(api.forward(plan, ROUTE))
     headers = {"content-type": "application/json"}
-    reply = route(state, "POST", api.upstream_path, body, headers, "req_sdk_types")
+    reply = route(state, "POST", api.endpoint.upstream_path, body, headers, "req_sdk_types")
     assert isinstance(reply, Job), "the simulator refused the forwarded body"
     out = bytearray()
     for step in reply.build(1):

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from gateway.apis.base import (
     Dialect,
+    Endpoint,
     Plan,
     PlanContext,
     StreamBounds,
@@ -182,16 +183,12 @@ BODY = obj(
 
 
 class ChatApi:
-    name = "chat.completions"
-    path = "/v1/chat/completions"
-    upstream_path = path
-    policy_endpoint = name
-    error_shape: Literal["openai", "anthropic"] = "openai"
-    scope = "inference"
-    operation = "chat"
-    exchange: Literal["sse", "json"] = "sse"
-    #: the field a media refusal names (``param``)
-    media_param = "messages"
+    endpoint = Endpoint(
+        name="chat.completions",
+        path="/v1/chat/completions",
+        operation="chat",
+        media_param="messages",
+    )
 
     def plan(self, body: Any, ctx: PlanContext) -> Plan:
         tenant = ctx.tenant
@@ -200,7 +197,7 @@ class ChatApi:
         check_single_choice(clean)
         stream, include_usage = stream_flags(clean)
         plan = Plan(
-            endpoint=self.name,
+            endpoint=self.endpoint.name,
             alias=alias,
             body=clean,
             stream=stream,

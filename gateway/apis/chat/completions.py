@@ -10,10 +10,11 @@ chunks received, never more than ``max_tokens``. A stream that asked for
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from gateway.apis.base import (
     Dialect,
+    Endpoint,
     Plan,
     PlanContext,
     StreamBounds,
@@ -47,16 +48,12 @@ BODY = obj(
 
 
 class CompletionsApi:
-    name = "completions"
-    path = "/v1/completions"
-    upstream_path = path
-    policy_endpoint = name
-    error_shape: Literal["openai", "anthropic"] = "openai"
-    scope = "inference"
-    operation = "text_completion"
-    exchange: Literal["sse", "json"] = "sse"
-    #: the field a media refusal names (``param``)
-    media_param = "prompt"
+    endpoint = Endpoint(
+        name="completions",
+        path="/v1/completions",
+        operation="text_completion",
+        media_param="prompt",
+    )
 
     def plan(self, body: Any, ctx: PlanContext) -> Plan:
         tenant = ctx.tenant
@@ -70,7 +67,7 @@ class CompletionsApi:
         prompt += compiled_bytes(clean)
         check_prompt(prompt, tenant, "prompt")
         return Plan(
-            endpoint=self.name,
+            endpoint=self.endpoint.name,
             alias=alias,
             body=clean,
             stream=stream,

@@ -44,12 +44,13 @@ import json
 import math
 import sys
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 
 from gateway.apis.base import (
     Dialect,
+    Endpoint,
     Plan,
     PlanContext,
     Report,
@@ -131,16 +132,13 @@ def inputs_of(value: Any) -> list[Any]:
 
 
 class EmbeddingsApi:
-    name = "embeddings"
-    path = "/v1/embeddings"
-    upstream_path = path
-    policy_endpoint = name
-    error_shape: Literal["openai", "anthropic"] = "openai"
-    scope = "inference"
-    operation = "embeddings"
-    exchange: Literal["sse", "json"] = "json"
-    #: the field a media refusal names (``param``)
-    media_param = "input"
+    endpoint = Endpoint(
+        name="embeddings",
+        path="/v1/embeddings",
+        operation="embeddings",
+        media_param="input",
+        exchange="json",
+    )
 
     def plan(self, body: Any, ctx: PlanContext) -> Plan:
         tenant = ctx.tenant
@@ -158,7 +156,7 @@ class EmbeddingsApi:
             require_text_modality(tenant, "input")
         check_prompt(prompt, tenant, "input")
         return Plan(
-            endpoint=self.name,
+            endpoint=self.endpoint.name,
             alias=alias,
             body=clean,
             stream=False,

@@ -25,10 +25,11 @@ same validated message, in Anthropic form, to the worker's own
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any
 
 from gateway.apis.base import (
     Dialect,
+    Endpoint,
     Plan,
     PlanContext,
     StreamBounds,
@@ -376,18 +377,17 @@ def _without_cache(value: Any) -> Any:
 
 
 class MessagesApi:
-    name = "messages"
-    policy_endpoint = "messages"
-    path = "/v1/messages"
-    upstream_path = "/v1/chat/completions"
-    error_shape: Literal["openai", "anthropic"] = "anthropic"
-    scope = "inference"
-    operation = "chat"
-    exchange: Literal["sse", "json"] = "sse"
-    media_param = "messages"
+    endpoint = Endpoint(
+        name="messages",
+        path="/v1/messages",
+        operation="chat",
+        media_param="messages",
+        upstream_path="/v1/chat/completions",
+        error_shape="anthropic",
+    )
 
     def plan(self, body: Any, ctx: PlanContext) -> Plan:
-        return plan_message(body, ctx, self.name, counting=False)
+        return plan_message(body, ctx, self.endpoint.name, counting=False)
 
     def forward(self, plan: Plan, route: str) -> dict[str, Any]:
         return chat_body(plan, route)
@@ -397,18 +397,18 @@ class MessagesApi:
 
 
 class CountTokensApi:
-    name = "messages.count_tokens"
-    policy_endpoint = "messages"
-    path = "/v1/messages/count_tokens"
-    upstream_path = path
-    error_shape: Literal["openai", "anthropic"] = "anthropic"
-    scope = "inference"
-    operation = "count_tokens"
-    exchange: Literal["sse", "json"] = "json"
-    media_param = "messages"
+    endpoint = Endpoint(
+        name="messages.count_tokens",
+        path="/v1/messages/count_tokens",
+        operation="count_tokens",
+        media_param="messages",
+        policy_endpoint="messages",
+        error_shape="anthropic",
+        exchange="json",
+    )
 
     def plan(self, body: Any, ctx: PlanContext) -> Plan:
-        return plan_message(body, ctx, self.name, counting=True)
+        return plan_message(body, ctx, self.endpoint.name, counting=True)
 
     def forward(self, plan: Plan, route: str) -> dict[str, Any]:
         body = {k: v for k, v in plan.body.items() if k not in ("metadata", "service_tier")}

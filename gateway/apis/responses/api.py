@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 from gateway.apis.base import (
     Dialect,
+    Endpoint,
     Plan,
     PlanContext,
     StreamBounds,
@@ -360,16 +361,12 @@ _OUTPUT_NAMES = ("max_output_tokens", "max_tokens", "max_completion_tokens")
 
 
 class ResponsesApi:
-    name = "responses"
-    path = "/v1/responses"
-    upstream_path = path
-    policy_endpoint = name
-    error_shape: Literal["openai", "anthropic"] = "openai"
-    scope = "inference"
-    operation = "chat"
-    exchange: Literal["sse", "json"] = "sse"
-    #: the field a media refusal names (``param``)
-    media_param = "input"
+    endpoint = Endpoint(
+        name="responses",
+        path="/v1/responses",
+        operation="chat",
+        media_param="input",
+    )
 
     def plan(self, body: Any, ctx: PlanContext) -> Plan:
         tenant = ctx.tenant
@@ -380,7 +377,7 @@ class ResponsesApi:
             # Never forwarded, never looked up: it cannot be anyone's response.
             raise GatewayError("response_not_found", param="previous_response_id")
         plan = Plan(
-            endpoint=self.name,
+            endpoint=self.endpoint.name,
             alias=alias,
             body=clean,
             stream=bool(clean.get("stream", False)),

@@ -1,24 +1,5 @@
-"""Staged evidence: sniffed media, digest-addressed files, a tenant-scoped catalog.
-
-No HTTP here; the app and the CLI both go through :class:`EvidenceService`.
-The ``sniff`` function is not re-exported, so ``gateway.books.evidence.sniff``
-stays the module.
+"""Staged evidence: sniffed media (``sniff``), digest-addressed files (``store``),
+records (``records``; their catalogs are the state backends', ``gateway/books/state``),
+the service the app and the CLI both go through (``service``), a request's
+leases (``leases``) and the forwarded body's media (``encode``). No HTTP here.
 """
-
-from gateway.books.evidence.records import EvidenceRecord, is_evidence_id
-from gateway.books.evidence.service import EvidenceService
-from gateway.books.evidence.sniff import MediaType, match_content_type, media_type_for
-from gateway.books.evidence.store import EvidenceStore, StoredFile
-from gateway.books.state.sqlite.catalog import Catalog
-
-__all__ = [
-    "Catalog",
-    "EvidenceRecord",
-    "EvidenceService",
-    "EvidenceStore",
-    "MediaType",
-    "StoredFile",
-    "is_evidence_id",
-    "match_content_type",
-    "media_type_for",
-]
