@@ -13,10 +13,57 @@ raise these too.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, get_args
+
+#: every code of the contract (spec §6, §12 and after): mypy checks each raise
+ErrorCode = Literal[
+    "invalid_json",
+    "invalid_request",
+    "unsupported_field",
+    "caller_url_forbidden",
+    "media_limit_exceeded",
+    "prompt_too_large",
+    "output_tokens_exceeded",
+    "modality_not_allowed",
+    "admission_weight_exceeded",
+    "upstream_rejected",
+    "missing_credentials",
+    "invalid_token",
+    "tenant_not_configured",
+    "insufficient_scope",
+    "endpoint_not_allowed",
+    "issuer_not_allowed",
+    "evidence_quota_exceeded",
+    "model_not_found",
+    "evidence_not_found",
+    "response_not_found",
+    "not_found",
+    "method_not_allowed",
+    "evidence_in_use",
+    "request_timeout",
+    "body_too_large",
+    "unsupported_media_type",
+    "headers_too_large",
+    "rate_limited",
+    "queue_full",
+    "admission_timeout",
+    "budget_exhausted",
+    "concurrency_limited",
+    "internal_error",
+    "storage_error",
+    "upstream_unavailable",
+    "upstream_protocol_error",
+    "upstream_error",
+    "upstream_not_ready",
+    "audit_unavailable",
+    "limits_unavailable",
+    "state_unavailable",
+    "upstream_timeout",
+    "http_version_not_supported",
+]
 
 # code -> (HTTP status, OpenAI error type)
-_CODES: dict[str, tuple[int, str]] = {
+_CODES: dict[ErrorCode, tuple[int, str]] = {
     "invalid_json": (400, "invalid_request_error"),
     "invalid_request": (400, "invalid_request_error"),
     "unsupported_field": (400, "invalid_request_error"),
@@ -63,7 +110,7 @@ _CODES: dict[str, tuple[int, str]] = {
 }
 
 #: receipt outcome implied by an error code when the raiser names none
-_DEFAULT_OUTCOME: dict[str, str] = {
+_DEFAULT_OUTCOME: dict[ErrorCode, str] = {
     "upstream_protocol_error": "protocol_error",
     "upstream_error": "upstream_error",
     "upstream_rejected": "upstream_error",
@@ -71,7 +118,7 @@ _DEFAULT_OUTCOME: dict[str, str] = {
     "upstream_unavailable": "incomplete",
 }
 
-_DEFAULT_MESSAGES: dict[str, str] = {
+_DEFAULT_MESSAGES: dict[ErrorCode, str] = {
     "missing_credentials": "A bearer credential is required.",
     "invalid_token": "The credential is not valid.",
     "tenant_not_configured": "The credential's tenant is not configured on this gateway.",
@@ -123,16 +170,16 @@ class GatewayError(Exception):
 
     def __init__(
         self,
-        code: str,
+        code: ErrorCode,
         message: str | None = None,
         *,
         param: str | None = None,
         headers: Mapping[str, str] | None = None,
         outcome: str | None = None,
     ) -> None:
-        if code not in _CODES:
+        if code not in _CODES:  # a code built at run time (mypy checks the literal ones)
             raise ValueError(f"unknown error code {code!r}")
-        self.code = code
+        self.code: ErrorCode = code
         self.message = message or _DEFAULT_MESSAGES.get(code, code.replace("_", " "))
         self.param = param
         self.headers: dict[str, str] = dict(headers or {})
@@ -176,3 +223,10 @@ class GatewayError(Exception):
         if self.status == 401:
             headers.setdefault("www-authenticate", "Bearer")
         return headers
+
+
+def is_error_code(value: str) -> bool:
+    return value in _CODES
+
+
+assert set(get_args(ErrorCode)) == set(_CODES), "every code has a status, and only those"

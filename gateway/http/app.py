@@ -224,8 +224,7 @@ ANTHROPIC_PREFIX = ("/v1/messages", "/v1/v1/messages")
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    code = "method_not_allowed" if exc.status_code == 405 else "not_found"
-    error = GatewayError(code)
+    error = GatewayError("method_not_allowed" if exc.status_code == 405 else "not_found")
     if request.url.path.startswith(ANTHROPIC_PREFIX):
         return JSONResponse(
             error.anthropic_body(), status_code=error.status, headers=error.response_headers()

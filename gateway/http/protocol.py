@@ -56,7 +56,7 @@ import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.config import ListenConfig
-from gateway.core.errors import GatewayError
+from gateway.core.errors import ErrorCode, GatewayError
 from gateway.http.asgi import ABORT_EXTENSION
 from gateway.http.cork import CorkedTransport
 from gateway.observe.metrics import UNKNOWN_TENANT
@@ -86,7 +86,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._message_done = True
         self._timer: asyncio.TimerHandle | None = None
         self._linger: asyncio.TimerHandle | None = None
-        self._refusal: str | None = None
+        self._refusal: ErrorCode | None = None
         self._refused = False
 
     # ------------------------------------------------------- asyncio side
@@ -202,7 +202,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if self._head_size > self.max_header_bytes:
             self._stop("headers_too_large")
 
-    def _stop(self, code: str) -> None:
+    def _stop(self, code: ErrorCode) -> None:
         self._refusal = code
         raise _Refused(code)
 
@@ -224,7 +224,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         else:
             self._close()  # nothing (or only blank lines) asked, nothing to answer
 
-    def _refuse(self, code: str) -> None:
+    def _refuse(self, code: ErrorCode) -> None:
         self._refused = True
         self._cancel_timers()
         if self.transport.is_closing():
@@ -285,7 +285,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._timer = self._linger = None
 
 
-def refusal_bytes(code: str) -> bytes:
+def refusal_bytes(code: ErrorCode) -> bytes:
     """A complete HTTP/1.1 response for a refusal before any app ran."""
     error = GatewayError(code)
     body = orjson.dumps(error.body())

@@ -18,7 +18,7 @@ import pytest
 from gateway.apis.base import Dialect, Plan, Report, StreamBounds
 from gateway.apis.chat.api import ChatApi
 from gateway.apis.usage import counts_only
-from gateway.core.errors import GatewayError
+from gateway.core.errors import ErrorCode, GatewayError
 from gateway.core.sse import NEED_DATA, NeedData
 from gateway.pipeline.cancel import CallerStalled
 from gateway.pipeline.relay import KEEPALIVE_FRAME, Relay, Timeouts
@@ -96,7 +96,7 @@ def _user_chunk() -> dict[str, Any]:
     return bad
 
 
-def _error_frame(code: str | GatewayError) -> bytes:
+def _error_frame(code: ErrorCode | GatewayError) -> bytes:
     exc = GatewayError(code) if isinstance(code, str) else code
     return b"data: " + orjson.dumps(exc.body()) + b"\n\n"
 
