@@ -1,5 +1,7 @@
-"""The ASGI types every layer names (as ``starlette/types.py``): importing them
-never imports the edge."""
+"""The ASGI types every layer names, so that nothing imports the edge to name ``Send``.
+
+As ``starlette/types.py``: importing them never imports the edge.
+"""
 
 from __future__ import annotations
 

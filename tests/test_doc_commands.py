@@ -80,7 +80,7 @@ _PYTHONS = {"python", "python3", ".venv/bin/python"}
 #: mistralrs-gateway verbs that are run for real when their files exist
 _RUNNABLE_VERBS = {"schema", "launch-plan", "bundle-digest", "check"}
 #: python -m modules that are run for real (quick, no argparse of their own)
-_RUNNABLE_MODULES = {"gateway.tools.docgen"}
+_RUNNABLE_MODULES = {"gateway.tools.docgen", "gateway.tools.layout"}
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,16 @@
-"""Endpoint descriptors: what differs between the inference endpoints.
+"""Dialects, one folder per API: descriptor, request planning, stream grammar, answer. Pure.
 
-Each module owns one endpoint's field allowlist and planning, the body it
-forwards and its dialect (``base.py`` says what a descriptor is); ``media``,
-``fields``, ``sampling`` and ``usage`` are the pieces they share. The
-pipeline (``gateway/pipeline``) serves every entry of :data:`APIS` the
-same way.
+``chat/`` (chat and legacy completions: ``api``, ``completions``, the chunk
+``grammar``, ``dialect``, ``answer``), ``responses/`` (``api``, ``events``,
+``fill``, ``conversation``), ``messages/`` (``api``, ``events``,
+``to_chat``: Anthropic Messages forwarded as chat), ``embeddings/`` (``api``,
+``scan``). A new API is a new folder: agentic events, images and speech go
+beside these. ``base.py`` says what a descriptor is (its :class:`Endpoint`,
+planning, the forwarded body, the dialect); ``media``, ``fields``,
+``sampling`` and ``usage`` are the pieces they share. The pipeline
+(``gateway/pipeline``) serves every entry of :data:`APIS` the same way.
+
+Layer: may import ``config``, ``observe``, ``core`` and ``types``; no I/O library.
 """
 
 from gateway.apis.base import Api
