@@ -15,7 +15,13 @@ from gateway.books.receipts import Receipt
 from gateway.config import StagingConfig
 from gateway.core.body import Layout, MediaSlot, placeholder
 from gateway.core.errors import GatewayError
-from gateway.pipeline.media import body_layout, lease_records, record_artifacts, stage_inline
+from gateway.pipeline.media import (
+    body_layout,
+    lease_records,
+    record_artifacts,
+    refill,
+    stage_inline,
+)
 from tests.pipeline.support import (
     NONCE,
     ROUTE,
@@ -153,6 +159,18 @@ def test_inline_data_once_staged_is_laid_out_like_evidence() -> None:
     after = body_layout(_forward(plan), plan, {0: DATA_STAGED}, FILE_MODES)
     assert before.media and not after.media
     assert _url(_render(after)["messages"][0]["content"][1]).endswith(f"/{DATA_STAGED.sha256}.png")
+
+
+def test_a_refilled_layout_equals_one_laid_out_afresh() -> None:
+    """Staging inline data refills the slots of the layout made before the
+    permit: the same segments and size as laying the body out again."""
+    plan = _plan(_evidence(0, "ev_png"), _inline(1), _inline(2, size=300))
+    before = body_layout(_forward(plan), plan, {0: PNG}, DATA_MODES)
+    staged = {0: PNG, 1: DATA_STAGED, 2: WAV}
+    again = body_layout(_forward(plan), plan, staged, DATA_MODES)
+    refilled = refill(before, plan, staged, DATA_MODES)
+    assert refilled == again and refilled.size != before.size
+    assert _render(refilled) == _render(again)
 
 
 def test_a_repeated_record_fills_every_slot_it_is_named_in() -> None:

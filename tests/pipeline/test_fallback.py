@@ -1,4 +1,4 @@
-"""A release's fallback in the worker call (spec §18), with a real route table,
+"""A release's fallback (``pipeline/fallback.py``, spec §18), with a real route table,
 two upstreams' admission pools and fake worker clients: sent once to the other
 arm for a failure before the head, never after it or on a timeout; one
 answer, one receipt naming the arm that answered, every permit back."""
