@@ -22,6 +22,8 @@ Theory of operation:
   ancestor is a writable directory.
 * Placeholder digests (``gateway.core.digests``) in every ``launch`` block and in
   policies' ``api_keys`` are warnings: well-formed, so never fatal.
+* Agents (``preflight_agents.py``): the session key when a route has
+  agents, and each route's MCP client config.
 * A pinned worker that keeps a prefix cache (``launch.prefix_cache_n`` > 0)
   for a route more than one tenant's policy names is a warning (spec §21):
   a prefix another tenant sent shortens the time to first token, so a
@@ -89,6 +91,9 @@ def _warning(key: str, problem: str, path: Path | None = None) -> Finding:
 
 def preflight(config: GatewayConfig, env: Mapping[str, str]) -> list[Finding]:
     """Every file and secret the gateway config names, checked; in config order."""
+    # Imported here: preflight_agents builds its findings with this module's helpers.
+    from gateway.tools.preflight_agents import check_agents
+
     findings: list[Finding] = []
     if config.listen.tls is not None:
         findings += check_tls(config.listen.tls)
@@ -113,6 +118,7 @@ def preflight(config: GatewayConfig, env: Mapping[str, str]) -> list[Finding]:
                 _error("state.dsn_env", f"environment variable {name} holds no postgresql:// DSN")
             )
     findings += launch_digest_warnings(config)
+    findings += check_agents(config, env)
     return findings
 
 
