@@ -5,8 +5,8 @@ package decides and never does I/O (no socket, no clock, no resolver): the
 pipeline feeds it values and carries out what it returns.
 
 * ``rewrite`` -- the request: which agentic fields a tenant may send, what
-  the worker gets instead (``options`` the fields' shapes, ``session`` the
-  worker's session ids);
+  the worker gets instead (``request`` its inputs and result, ``options``
+  the fields' shapes, ``session`` the worker's session ids);
 * ``events`` -- the worker's agentic events on one stream, a sans-I/O state
   machine beside the chat chunk grammar (``stream`` puts both under the SSE
   framing; ``wire`` the payloads, ``files`` produced files, ``jsonspans``
@@ -32,7 +32,8 @@ from gateway.apis.agents.frames import (
     new_file_id,
     tool_call_frame,
 )
-from gateway.apis.agents.rewrite import AgentContext, AgentRequest, rewrite_chat, rewrite_messages
+from gateway.apis.agents.request import AgentContext, AgentRequest
+from gateway.apis.agents.rewrite import rewrite_chat, rewrite_messages
 from gateway.apis.agents.rules import AgentRules, Decision, PolicyTool, Reason, decide, deny
 from gateway.apis.agents.session import fresh_session_id, worker_session_id
 from gateway.apis.agents.stream import AgentStream

@@ -49,12 +49,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gateway.apis.agents import options
-from gateway.apis.agents.session import fresh_session_id, worker_session_id
+from gateway.apis.agents.request import AgentContext, AgentRequest
+from gateway.apis.agents.session import worker_session_id
 from gateway.apis.fields import boolean, child, enum, integer, invalid, item, unsupported
-from gateway.config.agents import PolicyAgents, RouteAgents
 from gateway.core.errors import GatewayError
 
-__all__ = ["AgentContext", "AgentRequest", "rewrite_chat", "rewrite_messages"]
+__all__ = ["rewrite_chat", "rewrite_messages"]
 
 Dialect = Literal["chat", "messages"]
 _AGENTIC = "is not supported (agentic and server-side tool features are not served)"
@@ -104,74 +104,6 @@ _ALWAYS_REFUSED: dict[Dialect, frozenset[str]] = {
 _PERMISSION = enum("auto", "ask", "deny")
 _ROUNDS = integer(ge=1)
 _MAX_SESSION_CHARS = 256
-
-
-@dataclass(frozen=True, slots=True)
-class AgentContext:
-    """What the rewrite may know beyond the body."""
-
-    tenant: str
-    policy: PolicyAgents | None
-    #: the ``agents`` of the worker serving the request's route
-    route: RouteAgents | None
-    #: gateway ``agents.session_key_env``'s value
-    session_key: bytes
-    #: the caller streams and sent ``x-agent-events: 1``
-    agent_events: bool = False
-    fresh_session: Callable[[], str] = fresh_session_id
-
-
-@dataclass(frozen=True, slots=True)
-class AgentRequest:
-    """An agentic request: what the caller asked for and what the worker gets."""
-
-    #: the policy tools asked for (``web_search``, ``python``)
-    tools: frozenset[str]
-    #: the forwarded (clamped) max_tool_rounds: the event machine's and the reservation's
-    rounds: int
-    worker_session_id: str
-    #: the caller's own id, echoed to it (None: it sent none and gets none back)
-    caller_session_id: str | None
-    web_search_options: Mapping[str, Any] | None
-    #: top-level fields taken out of the caller's body
-    consumed: frozenset[str]
-    #: indexes of the caller's ``tools`` entries taken out (server tools)
-    consumed_tools: frozenset[int] = frozenset()
-
-    def forwarded(self) -> dict[str, Any]:
-        """The agentic fields of the worker's chat request."""
-        out: dict[str, Any] = {
-            "agent_permission": "ask",
-            "stream": True,
-            "max_tool_rounds": self.rounds,
-            "session_id": self.worker_session_id,
-        }
-        if self.web_search_options is not None:
-            out["web_search_options"] = dict(self.web_search_options)
-        return out
-
-    def strip(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """The caller's body without what this rewrite took (for the allowlist)."""
-        out = {k: v for k, v in body.items() if k not in self.consumed}
-        if self.consumed_tools:
-            kept = [t for i, t in enumerate(body["tools"]) if i not in self.consumed_tools]
-            if kept:
-                out["tools"] = kept
-            else:
-                del out["tools"]
-        return out
-
-    def apply(self, worker_body: Mapping[str, Any]) -> dict[str, Any]:
-        """The worker's chat request with the agentic fields set."""
-        out = dict(worker_body)
-        out.pop("code_execution_permission", None)
-        out.update(self.forwarded())
-        if "python" in self.tools:
-            tools = list(out.get("tools") or [])
-            if options.CODE_TOOL not in tools:
-                tools.append({"type": "code_interpreter", "container": {"type": "auto"}})
-            out["tools"] = tools
-        return out
 
 
 def rewrite_chat(body: Mapping[str, Any], ctx: AgentContext) -> AgentRequest | None:
