@@ -6,7 +6,7 @@ of a traceback from deep inside the TLS setup.
 
 Theory of operation:
 
-* Each check returns :class:`Finding` values (``error`` or ``warning``),
+* Each check returns :class:`~gateway.tools.findings.Finding` values (``error`` or ``warning``),
   each naming the config key (``listen.tls.certfile``,
   ``auth.issuers[0].jwks_file``…) and the file it is about. A finding never
   carries a file's contents or a secret's value: problems are fixed phrases
@@ -39,7 +39,6 @@ import ssl
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
@@ -60,40 +59,18 @@ from gateway.config.policy import PolicySet
 from gateway.config.releases import RELEASE_PREFIX
 from gateway.core.digests import placeholder_reason
 from gateway.ratelimit.factory import store_password
+from gateway.tools.findings import Finding as Finding
+from gateway.tools.findings import error as _error
+from gateway.tools.findings import read_bounded
+from gateway.tools.findings import warning as _warning
+from gateway.tools.preflight_agents import check_agents
 
-Level = Literal["error", "warning"]
 #: far above any certificate chain or CA bundle an operator would configure
 MAX_PEM_BYTES = 4 * 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class Finding:
-    level: Level
-    #: the config key, dotted (``listen.tls.keyfile``, ``api_keys[0].sha256``)
-    key: str
-    #: a fixed phrase; never file contents or a secret
-    problem: str
-    #: the file the finding is about, when there is one
-    path: Path | None = None
-
-    def __str__(self) -> str:
-        where = f"{self.path}: " if self.path is not None else ""
-        return f"{self.key}: {where}{self.problem}"
-
-
-def _error(key: str, problem: str, path: Path | None = None) -> Finding:
-    return Finding("error", key, problem, path)
-
-
-def _warning(key: str, problem: str, path: Path | None = None) -> Finding:
-    return Finding("warning", key, problem, path)
-
-
 def preflight(config: GatewayConfig, env: Mapping[str, str]) -> list[Finding]:
     """Every file and secret the gateway config names, checked; in config order."""
-    # Imported here: preflight_agents builds its findings with this module's helpers.
-    from gateway.tools.preflight_agents import check_agents
-
     findings: list[Finding] = []
     if config.listen.tls is not None:
         findings += check_tls(config.listen.tls)
@@ -133,14 +110,7 @@ def _read(
     key: str, path: Path, limit: int = MAX_PEM_BYTES, limit_name: str | None = None
 ) -> tuple[bytes | None, Finding | None]:
     """The file's bytes, or the finding; ``limit_name`` names a configured limit."""
-    try:
-        with path.open("rb") as fh:
-            data = fh.read(limit + 1)
-    except OSError as exc:
-        return None, _error(key, f"cannot read ({type(exc).__name__})", path)
-    if len(data) > limit:
-        return None, _error(key, f"larger than {limit_name or f'{limit} bytes'}", path)
-    return data, None
+    return read_bounded(key, path, limit, limit_name)
 
 
 class _EncryptedKey(Exception):

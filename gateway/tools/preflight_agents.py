@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from gateway.config import GatewayConfig, UpstreamConfig
-from gateway.tools.preflight import Finding, _error, _read, _warning
+from gateway.tools.findings import Finding, read_bounded
+from gateway.tools.findings import error as _error
+from gateway.tools.findings import warning as _warning
 
 #: the session key's least length (spec §24)
 MIN_SESSION_KEY_BYTES = 32
@@ -67,7 +69,7 @@ def _keyed_workers(config: GatewayConfig) -> list[tuple[str, UpstreamConfig]]:
 
 
 def check_mcp_config(key: str, path: Path, prefixes: list[str]) -> list[Finding]:
-    data, problem = _read(key, path, MAX_MCP_CONFIG_BYTES)
+    data, problem = read_bounded(key, path, MAX_MCP_CONFIG_BYTES)
     if problem is not None:
         return [problem]
     assert data is not None

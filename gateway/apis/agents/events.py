@@ -25,7 +25,8 @@ Grammar, per round ``r``::
 * rounds are numbered from 0, strictly increase, and each is below the
   forwarded ``max_tool_rounds``;
 * content chunks only outside a round; the stream ends outside a round, and
-  nothing agentic follows its end;
+  nothing agentic follows its end (a usage-only chunk may; ending twice --
+  the terminal chunk, then ``[DONE]`` -- is one end);
 * at most one approval per round, before its files;
 * the tool is reported as run (files, or a ``complete`` with output) only
   after the gateway approved that round's approval. A denial -- the
@@ -160,7 +161,8 @@ class AgentEvents:
         """A data chunk (content, reasoning, usage) arrived."""
 
         def check() -> None:
-            if self.state is not RoundState.OUTSIDE:
+            # After the end too: a usage-only chunk may follow the terminal one.
+            if self.state not in (RoundState.OUTSIDE, RoundState.FINISHED):
                 raise violation("Upstream sent content inside a tool round.")
 
         self._guard(check)
@@ -169,6 +171,8 @@ class AgentEvents:
         """The stream's terminal chunk, or its end, arrived."""
 
         def check() -> None:
+            if self.state is RoundState.FINISHED:
+                return  # the terminal chunk, then [DONE] or EOF: one end
             if self.state is not RoundState.OUTSIDE:
                 raise violation("Upstream ended its stream inside a tool round.")
             self.state = RoundState.FINISHED

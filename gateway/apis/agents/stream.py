@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from gateway.apis.agents.events import AgentEvent, AgentEvents, RoundState
+from gateway.apis.agents.events import AgentEvent, AgentEvents
 from gateway.core.errors import GatewayError
 from gateway.core.sse import Grammar
 
@@ -51,7 +51,7 @@ class AgentStream(Generic[T]):
             self.agent.on_content()
             if self._is_final(item):
                 self.agent.finish()
-        elif self.inner.terminated and self.agent.state is not RoundState.FINISHED:
+        elif self.inner.terminated:
             self.agent.finish()
         return item
 
@@ -59,8 +59,7 @@ class AgentStream(Generic[T]):
         """The error to report for the framing's EOF ``error``: the machine's
         own when the stream ended inside a round, else ``error``."""
         try:
-            if self.agent.state is not RoundState.FINISHED:
-                self.agent.finish()
+            self.agent.finish()
         except GatewayError as inside:
             return inside
         return error

@@ -140,3 +140,9 @@ def test_the_python_rounds_files_and_approval_in_detail() -> None:
     assert ask.arguments_json == b'{"code":"print(2 + 2)"}'
     final = [i for i in items if isinstance(i, Chunk)][-1]
     assert final.finish_reason == "stop" and final.data["session_id"] == SESSION
+
+
+def test_eof_outside_a_round_stays_the_framings_error() -> None:
+    _, stream = validator(EXPECTED["agents_python_round.sse"])
+    unavailable = GatewayError("upstream_unavailable", outcome="incomplete")
+    assert stream.eof(unavailable) is unavailable

@@ -482,3 +482,11 @@ def test_file_names_are_plain(name: str, plain: str) -> None:
     m = machine()
     approved_round(m, 0)
     assert feed(m, produced(0, name, "x")).name == plain
+
+
+def test_one_end_and_a_usage_chunk_after_it() -> None:
+    m = machine()
+    m.finish()
+    m.on_content()  # OpenAI's usage-only chunk after the terminal one
+    m.finish()  # then [DONE] or EOF: the same end
+    assert m.state is RoundState.FINISHED
