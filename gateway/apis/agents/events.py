@@ -61,12 +61,12 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar
 
 from gateway.apis.agents.files import FileProduced, bounded_file
+from gateway.apis.agents.jsonspans import members
 from gateway.apis.agents.wire import (
     ApprovalRequired,
     FileBody,
     ToolCalling,
     ToolComplete,
-    members,
     read_approval,
     read_calling,
     read_complete,

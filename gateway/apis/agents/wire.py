@@ -7,7 +7,7 @@ checked for shape and size here; *which may follow which* is
 ``events.py``'s. Every failure is a :func:`~gateway.core.sse.violation` with a
 fixed message (payloads are model output and never go into messages).
 
-* A payload is one JSON object. Its top-level members are read one by one so
+* A payload is one JSON object, read member by member (``jsonspans.py``) so
   an approval's ``arguments`` keep the exact bytes the worker sent (receipts
   hash them, spec §24) next to their parsed value.
 * Built-in tool names fix the progress ``tool_type`` and the approval
@@ -29,7 +29,6 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from gateway.apis.agents.jsonspans import members
 from gateway.core.sse import violation
 
 __all__ = [
@@ -41,7 +40,6 @@ __all__ = [
     "ToolCalling",
     "ToolComplete",
     "is_denial",
-    "members",
     "read_approval",
     "read_calling",
     "read_complete",
