@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
+from gateway.config.agents import RouteAgents
 from gateway.config.base import Model, PositiveFloat, PositiveInt
 from gateway.config.launch import LaunchConfig
 from gateway.core.sse import Framing
@@ -147,6 +148,13 @@ class UpstreamConfig(Model):
         None,
         description="The pinned worker launch (`launch-plan`); absent: the worker is external.",
     )
+    agents: RouteAgents | None = Field(
+        None,
+        description=(
+            "The tools this worker runs for tenants (spec §22); absent: no agentic flag is "
+            "launched and agentic requests to its routes are refused."
+        ),
+    )
 
     @field_validator("base_url")
     @classmethod
@@ -173,6 +181,8 @@ class UpstreamConfig(Model):
                 raise ValueError(
                     "launch's model_dir(s) must equal the routes (the worker's model ids)"
                 )
+            if self.agents is not None and self.launch.models is not None:
+                raise ValueError("agents need a one-model launch (`mistralrs serve`)")
         return self
 
     @property

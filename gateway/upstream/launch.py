@@ -20,6 +20,21 @@ passes ``--no-ui``, and is checked against a denylist before it is returned,
 so a later edit here cannot quietly turn on agent tools, search, code or
 shell execution, MCP, LoRA, tool dispatch or request logging.
 
+Agents (spec §22, §24) come only from the route's ``agents`` section, as the
+argv's last flags (:func:`agent_flags`): without it the plan is exactly the
+one above (no agentic flag, no ``--agent-permission``); with it always
+``--agent-permission ask``, then ``--enable-code-execution --sandbox on
+--sandbox-network none`` for ``python``, ``--mcp-config <path>`` for
+``mcp_config``, and ``--max-tool-rounds N``; ``web_search`` needs no flag
+(the worker fetches the web on any request that asks). Never ``--mcp-port``,
+``--tool-dispatch-url``, ``--enable-shell`` or ``--agent``. The denylist
+accepts the agentic tail only when it is exactly what the route declares.
+``launch.extra_args`` (one-model launches) follow the contract's flags and
+pass the same denylist; the config refuses agentic ones there
+(``agents_flag_forbidden``). A route with agents has them in its identity
+(``"agents"`` beside the launch object); one without keeps the identity it
+had.
+
 Flags per pinned version (reference §9/§10; an assumption where marked):
 
 ============================  ================================================
@@ -56,7 +71,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.config import GatewayConfig, LaunchConfig
+from gateway.config import GatewayConfig, LaunchConfig, RouteAgents
 
 BINARY = "mistralrs"
 LOOPBACK = "127.0.0.1"
@@ -130,15 +145,34 @@ class LaunchPlan:
 DEFAULT_CONFIG_PATH = "/etc/mistralrs/models.toml"
 
 
-def launch_dict(launch: LaunchConfig) -> dict[str, Any]:
-    return launch.model_dump(mode="json", exclude_none=True)
+def launch_dict(launch: LaunchConfig, agents: RouteAgents | None = None) -> dict[str, Any]:
+    out = launch.model_dump(mode="json", exclude_none=True)
+    if agents is not None:
+        # What the worker runs is part of what it is: a route with agents has
+        # another identity than the same launch without (and none changes
+        # for a route without).
+        out["agents"] = agents.model_dump(mode="json", exclude_none=True)
+    return out
 
 
-def serve_identity(launch: LaunchConfig) -> str:
+def serve_identity(launch: LaunchConfig, agents: RouteAgents | None = None) -> str:
     canonical = json.dumps(
-        launch_dict(launch), sort_keys=True, separators=(",", ":"), ensure_ascii=True
+        launch_dict(launch, agents), sort_keys=True, separators=(",", ":"), ensure_ascii=True
     )
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def agent_flags(agents: RouteAgents | None) -> list[str]:
+    """The argv's agentic tail for a route's ``agents`` (empty without)."""
+    if agents is None:
+        return []
+    flags = ["--agent-permission", "ask"]
+    if agents.python:
+        flags += ["--enable-code-execution", "--sandbox", "on", "--sandbox-network", "none"]
+    if agents.mcp_config is not None:
+        flags += ["--mcp-config", agents.mcp_config]
+    flags += ["--max-tool-rounds", str(agents.max_tool_rounds)]
+    return flags
 
 
 def _check_version(launch: LaunchConfig) -> tuple[int, int, int]:
@@ -153,8 +187,10 @@ def _check_version(launch: LaunchConfig) -> tuple[int, int, int]:
     return version
 
 
-def build_argv(launch: LaunchConfig) -> list[str]:
+def build_argv(launch: LaunchConfig, agents: RouteAgents | None = None) -> list[str]:
     if launch.models is not None:
+        if agents is not None:
+            raise UnsafeLaunchError("agents need a one-model launch (`mistralrs serve`)")
         _check_version(launch)
         argv = [BINARY, "from-config", "-f", launch.config_path or DEFAULT_CONFIG_PATH]
         check_argv(argv)
@@ -186,7 +222,9 @@ def build_argv(launch: LaunchConfig) -> list[str]:
     ]
     if launch.device == "cpu":
         argv.append("--cpu")
-    check_argv(argv)
+    argv += launch.extra_args or []
+    argv += agent_flags(agents)
+    check_argv(argv, agents)
     return argv
 
 
@@ -267,8 +305,16 @@ def _check_toml(text: str) -> None:
         raise UnsafeLaunchError("the worker must bind 127.0.0.1 with no UI")
 
 
-def check_argv(argv: list[str]) -> None:
-    """Defence in depth: raise UnsafeLaunchError unless argv keeps the launch invariants."""
+def check_argv(argv: list[str], agents: RouteAgents | None = None) -> None:
+    """Defence in depth: raise UnsafeLaunchError unless argv keeps the launch invariants.
+
+    With ``agents``, the argv must end with exactly :func:`agent_flags` of
+    them; every flag before that tail passes the denylist."""
+    tail = agent_flags(agents)
+    if tail:
+        if argv[-len(tail) :] != tail:
+            raise UnsafeLaunchError("the agentic flags must be exactly the route's agents")
+        argv = argv[: -len(tail)]
     if argv[:1] != [BINARY] or len(argv) < 2 or argv[1] not in _COMMANDS:
         raise UnsafeLaunchError(f"argv must start with {BINARY!r} 'serve' or 'from-config'")
     if argv[1] == "from-config":
@@ -291,11 +337,11 @@ def check_argv(argv: list[str]) -> None:
         raise UnsafeLaunchError("the worker argv must pass --no-ui")
 
 
-def build_plan(launch: LaunchConfig) -> LaunchPlan:
+def build_plan(launch: LaunchConfig, agents: RouteAgents | None = None) -> LaunchPlan:
     return LaunchPlan(
-        argv=build_argv(launch),
-        serve_identity=serve_identity(launch),
-        launch=launch_dict(launch),
+        argv=build_argv(launch, agents),
+        serve_identity=serve_identity(launch, agents),
+        launch=launch_dict(launch, agents),
         from_config_toml=from_config_toml(launch) if launch.models is not None else None,
     )
 
@@ -307,8 +353,12 @@ def launch_plan_json(config: GatewayConfig) -> dict[str, Any]:
         launch = config.upstream.launch
         if launch is None:
             raise ValueError("upstream.launch is not configured")
-        return build_plan(launch).to_json()
-    plans = {u.name: build_plan(u.launch).to_json() for u in config.workers if u.launch is not None}
+        return build_plan(launch, config.upstream.agents).to_json()
+    plans = {
+        u.name: build_plan(u.launch, u.agents).to_json()
+        for u in config.workers
+        if u.launch is not None
+    }
     if not plans:
         raise ValueError("no upstream has a launch section")
     return {"upstreams": plans}

@@ -88,7 +88,9 @@ class RouteTable:
                     config=upstream,
                     client=Upstream(upstream, pool_size=admission.capacity + 8),
                     admission=admission,
-                    serve_identity=serve_identity(launch) if launch is not None else None,
+                    serve_identity=(
+                        serve_identity(launch, upstream.agents) if launch is not None else None
+                    ),
                 )
             )
         return cls(workers, admissions)
