@@ -56,6 +56,7 @@ Theory of operation
   pipelined requests, a hang lasts at most 300 s, ``endless_line`` 512 MiB.
 """
 
+from gateway.testing.simulator.cli import main
 from gateway.testing.simulator.knobs import (
     COUNT_TOKENS_FAULTS,
     DEFAULT_MODEL_ID,
@@ -65,7 +66,7 @@ from gateway.testing.simulator.knobs import (
     RESPONSES_FAULTS,
     SimKnobs,
 )
-from gateway.testing.simulator.server import Simulator, main
+from gateway.testing.simulator.server import Simulator
 from gateway.testing.simulator.state import SimRequest
 
 __all__ = [

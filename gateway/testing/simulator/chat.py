@@ -119,7 +119,8 @@ def _terminal_usage(ctx: Ctx, tokens: int) -> dict[str, Any]:
 
 def _tool_calls(ctx: Ctx) -> list[dict[str, Any]]:
     call_id = f"call-{uuid.UUID(int=ctx.number)}"
-    function = {"name": "lookup", "arguments": '{"q":1}'}
+    k = ctx.knobs
+    function = {"name": k.tool_name or "lookup", "arguments": k.tool_arguments}
     return [{"index": 0, "id": call_id, "type": "function", "function": function}]
 
 

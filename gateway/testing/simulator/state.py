@@ -59,7 +59,11 @@ class State:
     """Everything shared between the event-loop thread and test threads."""
 
     def __init__(
-        self, model_ids: Sequence[str], knobs: SimKnobs, directives: bool, id_seed: int
+        self,
+        model_ids: Sequence[str | tuple[str, str]],
+        knobs: SimKnobs,
+        directives: bool,
+        id_seed: int,
     ) -> None:
         self.cond = threading.Condition(threading.Lock())
         self.routes = Routes(model_ids)

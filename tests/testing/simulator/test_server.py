@@ -121,3 +121,43 @@ def test_gateway_verb_serves_on_the_given_port_with_two_routes() -> None:
 def test_module_cli_refuses_duplicate_routes(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--model-id", "/m/a", "--model-id", "/m/a"]) == 2
     assert "Model ID conflict" in capsys.readouterr().err
+
+
+def test_cli_text_and_tool_call_flags() -> None:
+    """Structured output and tools from the command line: a fixed answer text and a
+    fixed tool call, on chat, Responses and Messages alike."""
+    answer = '{"city": "Paris"}'
+    argv = [sys.executable, "-m", "gateway.testing.simulator", "--chunks", "3"]
+    argv += ["--text", answer, "--tool-name", "get_weather"]
+    argv += ["--tool-arguments", '{"city": "Paris", "unit": "C"}']
+    with running(argv) as (url, _), httpx.Client(base_url=url, timeout=5) as c:
+        chat = c.post("/v1/chat/completions", json={"messages": "hi"}).json()
+        responses = c.post("/v1/responses", json={"input": "hi"}).json()
+        body = {
+            "model": "default",
+            "max_tokens": 50,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
+        messages = c.post("/v1/messages", json=body).json()
+    message = chat["choices"][0]["message"]
+    assert message["content"] == answer and chat["choices"][0]["finish_reason"] == "tool_calls"
+    (call,) = message["tool_calls"]
+    assert call["function"] == {
+        "name": "get_weather",
+        "arguments": '{"city": "Paris", "unit": "C"}',
+    }
+    function_call = responses["output"][0]
+    assert function_call["name"] == "get_weather"
+    assert function_call["arguments"] == '{"city": "Paris", "unit": "C"}'
+    assert responses["output_text"] == answer
+    text, tool_use = messages["content"]
+    assert text == {"type": "text", "text": answer}
+    assert tool_use["name"] == "get_weather" and tool_use["input"] == {"city": "Paris", "unit": "C"}
+    assert messages["stop_reason"] == "tool_use"
+
+
+def test_cli_refuses_bad_knob_values(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--tool-arguments", "{not json"]) == 2
+    assert "tool_arguments must be a JSON text" in capsys.readouterr().err
+    assert main(["--agent", "teleport:x"]) == 2
+    assert "unknown tool kind" in capsys.readouterr().err
