@@ -58,24 +58,32 @@ Theory of operation
 
 from gateway.testing.simulator.cli import main
 from gateway.testing.simulator.knobs import (
+    AGENT_FAULTS,
+    AGENTIC_CHAT_FAULTS,
     COUNT_TOKENS_FAULTS,
     DEFAULT_MODEL_ID,
     EMBEDDINGS_FAULTS,
     FAULTS,
+    IMAGES_FAULTS,
     MESSAGES_FAULTS,
     RESPONSES_FAULTS,
+    SPEECH_FAULTS,
     SimKnobs,
 )
 from gateway.testing.simulator.server import Simulator
 from gateway.testing.simulator.state import SimRequest
 
 __all__ = [
+    "AGENTIC_CHAT_FAULTS",
+    "AGENT_FAULTS",
     "COUNT_TOKENS_FAULTS",
     "DEFAULT_MODEL_ID",
     "EMBEDDINGS_FAULTS",
     "FAULTS",
+    "IMAGES_FAULTS",
     "MESSAGES_FAULTS",
     "RESPONSES_FAULTS",
+    "SPEECH_FAULTS",
     "SimKnobs",
     "SimRequest",
     "Simulator",

@@ -23,7 +23,8 @@ from typing import Any
 import orjson
 
 from gateway.testing.simulator.channel import Channel, Incoming
-from gateway.testing.simulator.handlers import Job, route
+from gateway.testing.simulator.handlers import route
+from gateway.testing.simulator.handling import Job
 from gateway.testing.simulator.plans import PlanStep, Step, StoreCommit, text_reply
 from gateway.testing.simulator.state import SimRequest, State
 
@@ -36,6 +37,8 @@ _MODEL_PATHS = frozenset(
         "/v1/embeddings",
         "/v1/messages",
         "/v1/messages/count_tokens",
+        "/v1/images/generations",
+        "/v1/audio/speech",
     }
 )
 
@@ -108,7 +111,7 @@ class Core:
 
     async def _infer(self, conn: Channel, req: SimRequest, job: Job, keep: bool) -> bool:
         # The id counter advances only for admitted inference, like the engine's.
-        number = self.state.enter()
+        number = self.state.enter(job.numbers)
         conn.begin(req, cancel_on_lost=job.stream)
         try:
             plan = self._committing(job.build(number))

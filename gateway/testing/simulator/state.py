@@ -104,12 +104,14 @@ class State:
             self.next_completion += 1
             return number
 
-    def enter(self) -> int:
+    def enter(self, numbers: int = 1) -> int:
+        """Admit one inference request taking ``numbers`` engine request numbers;
+        the first of them."""
         with self.cond:
             self.active += 1
             self.max_active = max(self.max_active, self.active)
             number = self.next_completion
-            self.next_completion += 1
+            self.next_completion += numbers
             self.cond.notify_all()
             return number
 

@@ -125,11 +125,12 @@ def test_module_cli_refuses_duplicate_routes(capsys: pytest.CaptureFixture[str])
 
 def test_cli_text_and_tool_call_flags() -> None:
     """Structured output and tools from the command line: a fixed answer text and a
-    fixed tool call, on chat, Responses and Messages alike."""
+    fixed tool call, on chat, Responses and Messages alike; routes of each kind."""
     answer = '{"city": "Paris"}'
     argv = [sys.executable, "-m", "gateway.testing.simulator", "--chunks", "3"]
     argv += ["--text", answer, "--tool-name", "get_weather"]
     argv += ["--tool-arguments", '{"city": "Paris", "unit": "C"}']
+    argv += ["--model-id", "/m/chat", "--image-model", "/m/img", "--speech-model", "/m/tts"]
     with running(argv) as (url, _), httpx.Client(base_url=url, timeout=5) as c:
         chat = c.post("/v1/chat/completions", json={"messages": "hi"}).json()
         responses = c.post("/v1/responses", json={"input": "hi"}).json()
@@ -139,6 +140,15 @@ def test_cli_text_and_tool_call_flags() -> None:
             "messages": [{"role": "user", "content": "hi"}],
         }
         messages = c.post("/v1/messages", json=body).json()
+        listed = [m["id"] for m in c.get("/v1/models").json()["data"]]
+        image = {"model": "/m/img", "prompt": "x", "response_format": "B64Json"}
+        png = c.post("/v1/images/generations", json=image).json()["data"][0]["b64_json"]
+        speech = {"model": "/m/tts", "input": "x", "response_format": "wav"}
+        wav = c.post("/v1/audio/speech", json=speech)
+        refused = c.post("/v1/audio/speech", json={**speech, "model": "/m/chat"})
+    assert listed == ["default", "/m/chat", "/m/img", "/m/tts"]
+    assert png.startswith("data:image/png;base64,iVBORw0KGgo")
+    assert wav.content.startswith(b"RIFF") and refused.status_code == 422
     message = chat["choices"][0]["message"]
     assert message["content"] == answer and chat["choices"][0]["finish_reason"] == "tool_calls"
     (call,) = message["tool_calls"]
