@@ -21,10 +21,13 @@ from typing import Any
 
 import orjson
 
+from gateway.testing.simulator.agent_handlers import APPROVALS, agentic_job, approval, messages_of
+from gateway.testing.simulator.agent_input import parse_agentic
 from gateway.testing.simulator.chat import Ctx, plan_inference
 from gateway.testing.simulator.embeddings import check, parse_embeddings, plan_embeddings
 from gateway.testing.simulator.handling import NOT_JSON, Job, Reply, read_json, request_knobs
 from gateway.testing.simulator.knobs import (
+    AGENTIC_CHAT_FAULTS,
     COUNT_TOKENS_FAULTS,
     EMBEDDINGS_FAULTS,
     FAULTS,
@@ -87,6 +90,8 @@ def route(
         if method != "POST":
             return simple_reply(405, b"", rid)
         return _messages(state, path, body, headers, rid)
+    if path.startswith(APPROVALS):
+        return approval(state, method, path, body, headers, rid)
     if path in (IMAGES, SPEECH):
         if method != "POST":
             return simple_reply(405, b"", rid)
@@ -170,6 +175,7 @@ def _inference_job(
         problem = "invalid type: max_tokens"
     if problem is not None:
         raise Reject.shape(problem)
+    agent = parse_agentic(req, messages_of(req)) if chat else None
     with state.cond:
         found = state.routes.resolve(model)
         message = state.routes.unknown_model_message(model)
@@ -183,9 +189,12 @@ def _inference_job(
         if stream:
             return sse_error_reply(rid, INCOMPATIBLE)
         raise Reject.handler(422, INCOMPATIBLE)
-    knobs = request_knobs(state, directive_text, FAULTS, path)
+    faults = FAULTS if agent is None else AGENTIC_CHAT_FAULTS
+    knobs = request_knobs(state, directive_text, faults, path, agentic=agent is not None)
     prompt_tokens = rough_tokens(texts, 4 if chat else 0)
     ctx = Ctx(chat, stream, knobs, 0, created, found.model_id, max_tokens, prompt_tokens, rid)
+    if agent is not None:
+        return agentic_job(state, ctx, agent)
     return Job(stream, knobs, lambda n: plan_inference(dataclasses.replace(ctx, number=n)))
 
 

@@ -69,13 +69,13 @@ from gateway.testing.simulator.messages_input import MessagesCall
 from gateway.testing.simulator.plans import (
     INVALID_UTF8_MARK,
     NUL_TEXT,
+    STEP_TYPES,
     Envelope,
     Op,
     Pause,
     Shape,
     SseBody,
     Step,
-    StoreCommit,
     chunk_text,
     dump,
     envelope,
@@ -328,7 +328,7 @@ def _total_delay(turn: Turn) -> float:
 
 def _steps(env: Envelope) -> Iterator[Step]:
     for step in envelope(env):
-        assert not isinstance(step, StoreCommit)  # nothing here is stored
+        assert isinstance(step, STEP_TYPES)  # nothing here is stored
         yield step
 
 

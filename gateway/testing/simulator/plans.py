@@ -12,12 +12,13 @@ from __future__ import annotations
 import enum
 import gzip
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from gateway.testing.simulator.agent_notes import AgentNote
 from gateway.testing.simulator.knobs import SIMULATOR_HEADER, SimKnobs
 
 _INVALID_UTF8_MARK = "\x1asim-invalid-utf8\x1a"
@@ -66,6 +67,15 @@ class Pause:
     seconds: float
 
 
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Await ``until()`` before the next step (keep-alives go on meanwhile). Only the
+    core makes these, from a plan's question (agent_notes.AwaitDecision): a plan
+    itself never awaits anything."""
+
+    until: Callable[[], Coroutine[Any, Any, None]]
+
+
 class Op(enum.Enum):
     END = "end"
     ABORT = "abort"
@@ -73,7 +83,8 @@ class Op(enum.Enum):
     ENDLESS = "endless"
 
 
-Step = Head | Pause | Op | bytes
+Step = Head | Pause | Wait | Op | bytes
+STEP_TYPES = (Head, Pause, Wait, Op, bytes)
 
 DESERIALIZE = "Failed to deserialize the JSON body into the target type: "
 
@@ -245,8 +256,8 @@ class StoreCommit:
     resource: dict[str, Any] | None
 
 
-PlanStep = Step | StoreCommit
-SseBody = Iterator[bytes | Pause | Op | StoreCommit]
+PlanStep = Step | StoreCommit | AgentNote
+SseBody = Iterator[bytes | Pause | Op | StoreCommit | AgentNote]
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from gateway.testing.simulator.broker import SESSION_TTL_S, AgentRun, ApprovalRecord
 from gateway.testing.simulator.core import Core
 from gateway.testing.simulator.knobs import DEFAULT_MODEL_ID, MODELS_FAULTS, SimKnobs
 from gateway.testing.simulator.metrics import MODES as METRICS_MODES
@@ -92,6 +93,7 @@ class Simulator:
         terminal: str = "completed",
         dims: int = 8,
         text: str | None = None,
+        session_ttl_s: float = SESSION_TTL_S,
         **more: Any,
     ) -> None:
         _require_loopback(host)
@@ -120,7 +122,7 @@ class Simulator:
         self._host = host
         self._port = port
         seed = secrets.randbits(64) if id_seed is None else id_seed
-        self._state = State(list(model_ids), knobs, directives, seed)
+        self._state = State(list(model_ids), knobs, directives, seed, session_ttl_s)
         self._listening = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -231,7 +233,9 @@ class Simulator:
 
     def reset(self) -> None:
         """Back to as constructed: no recorded requests, peak = current, every route
-        loaded and listed once, the Responses store empty.
+        loaded and listed once, the Responses store, the agentic sessions, runs,
+        recorded approval decisions and remembered sessions empty (approvals being
+        waited for stay pending).
 
         The completion-id counter keeps counting, so ids stay unique per simulator.
         """
@@ -244,6 +248,9 @@ class Simulator:
             st.models_fault = None
             st.engine = EngineMetrics()
             st.store.clear()
+            st.approvals.clear()
+            st.sessions.clear()
+            st.agent_runs.clear()
 
     @property
     def active_streams(self) -> int:
@@ -316,6 +323,30 @@ class Simulator:
         """Canceled streams the simulated engine has not noticed yet."""
         with self._state.cond:
             return len(self._state.engine.pending)
+
+    # -- agentic runs (agents.py; thread-safe copies)
+
+    def agent_runs(self) -> list[AgentRun]:
+        """Every agentic chat request played, in order: the session id it used and the one
+        it was sent, its permission, each round's outcome, the approvals it announced, the
+        one pending when its client went away."""
+        with self._state.cond:
+            return copy.deepcopy(list(self._state.agent_runs))
+
+    def approval_decisions(self) -> list[ApprovalRecord]:
+        """Every ``POST /v1/agent/approvals/{id}`` received, in order, with what it answered."""
+        with self._state.cond:
+            return copy.deepcopy(list(self._state.approvals.records))
+
+    def pending_approvals(self) -> list[str]:
+        """The approval ids a run is waiting on now."""
+        with self._state.cond:
+            return list(self._state.approvals.pending)
+
+    def sessions(self) -> list[str]:
+        """The agentic session ids the simulated worker keeps now."""
+        with self._state.cond:
+            return self._state.sessions.ids(time.monotonic())
 
     def set_knobs(self, **changes: Any) -> None:
         """Change the default knobs of later requests (same names as the constructor)."""
