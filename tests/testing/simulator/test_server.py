@@ -125,12 +125,14 @@ def test_module_cli_refuses_duplicate_routes(capsys: pytest.CaptureFixture[str])
 
 def test_cli_text_and_tool_call_flags() -> None:
     """Structured output and tools from the command line: a fixed answer text and a
-    fixed tool call, on chat, Responses and Messages alike; routes of each kind."""
+    fixed tool call, on chat, Responses and Messages alike; routes of each kind; an
+    agentic plan."""
     answer = '{"city": "Paris"}'
     argv = [sys.executable, "-m", "gateway.testing.simulator", "--chunks", "3"]
     argv += ["--text", answer, "--tool-name", "get_weather"]
     argv += ["--tool-arguments", '{"city": "Paris", "unit": "C"}']
     argv += ["--model-id", "/m/chat", "--image-model", "/m/img", "--speech-model", "/m/tts"]
+    argv += ["--agent", "mcp:docs_lookup,python", "--agent-permission", "deny"]
     with running(argv) as (url, _), httpx.Client(base_url=url, timeout=5) as c:
         chat = c.post("/v1/chat/completions", json={"messages": "hi"}).json()
         responses = c.post("/v1/responses", json={"input": "hi"}).json()
@@ -146,9 +148,15 @@ def test_cli_text_and_tool_call_flags() -> None:
         speech = {"model": "/m/tts", "input": "x", "response_format": "wav"}
         wav = c.post("/v1/audio/speech", json=speech)
         refused = c.post("/v1/audio/speech", json={**speech, "model": "/m/chat"})
+        tools = [{"type": "code_interpreter", "container": {"type": "auto"}}]
+        agentic = c.post("/v1/chat/completions", json={"messages": "hi", "tools": tools}).json()
     assert listed == ["default", "/m/chat", "/m/img", "/m/tts"]
     assert png.startswith("data:image/png;base64,iVBORw0KGgo")
     assert wav.content.startswith(b"RIFF") and refused.status_code == 422
+    calls = agentic["agentic_tool_calls"]
+    assert [c["name"] for c in calls] == ["docs_lookup", "mistralrs_execute_python"]
+    assert calls[1]["result_content"] == "exception: Python code was denied by policy."
+    assert "agentic_tool_calls" not in chat  # a plain request is not agentic
     message = chat["choices"][0]["message"]
     assert message["content"] == answer and chat["choices"][0]["finish_reason"] == "tool_calls"
     (call,) = message["tool_calls"]
