@@ -68,8 +68,7 @@ def _check_fault(fault: str | None, a: Agentic, files: int) -> None:
     if fault is None:
         return
     rounds = a.executed
-    needs_round = fault not in ("unknown_event", "approval_outside_round")
-    if needs_round and rounds < 1:
+    if fault != "unknown_event" and rounds < 1:
         raise _simulator(f"agent_fault {fault!r} needs a tool round (agent=...)")
     if fault == "round_regress" and rounds < 2:
         raise _simulator("agent_fault 'round_regress' needs two tool rounds")

@@ -276,7 +276,7 @@ def _answer_ctx(a: Agentic) -> Ctx:
 
 def _stream(a: Agentic) -> SseBody:
     k = a.ctx.knobs
-    if k.agent_fault == "approval_outside_round" and a.plan:
+    if k.agent_fault == "approval_outside_round":
         yield _approval(a, a.approval_id(_OUTSIDE_KIND), tool_call(a.plan[0], 0), 0)
     for r in range(a.executed):
         call = tool_call(a.plan[r], r)

@@ -145,6 +145,7 @@ def test_stale_approval_is_refused_then_times_out(sim: Simulator) -> None:
         ("agent=web files=1 agent_fault=file_bytes_mismatch", {}, "needs files>=1"),
         ("agent=web agent_fault=sideways", {}, "unknown agent_fault"),
         ("agent=web agent_fault=end_in_round", {"max_tool_rounds": 0}, "needs a tool round"),
+        ("agent_fault=approval_outside_round", {}, "needs a tool round"),
     ],
 )
 def test_a_fault_that_could_not_show_is_refused(
