@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from gateway.books.evidence.leases import Inline
 from gateway.books.evidence.records import EvidenceRecord
@@ -22,6 +22,7 @@ from gateway.books.receipts import Receipt
 from gateway.config import StagingConfig
 from gateway.observe.metrics import GatewayMetrics
 from gateway.pipeline.cancel import Exchange
+from gateway.pipeline.hostlookup import HostLookup
 from gateway.ratelimit.base import Hold
 from gateway.ratelimit.core import TenantLimits
 from gateway.upstream.table import RouteReadiness, RouteTable
@@ -83,6 +84,45 @@ class Conversations(Protocol):
     async def chain(self, tenant: str, response_id: str, max_links: int) -> list[KeptResponse]: ...
 
 
+class KeptFile(Protocol):
+    """A file the gateway keeps for a tenant (spec §22 "Files")."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def bytes(self) -> int: ...
+
+    @property
+    def sha256(self) -> str: ...
+
+    @property
+    def mime_type(self) -> str: ...
+
+
+class TenantFiles(Protocol):
+    """The tenant file store as an agentic run uses it: bytes in, a record out
+    (the type sniffed from the bytes)."""
+
+    async def put(self, tenant: str, data: bytes, name: str) -> KeptFile: ...
+
+
+class CallerApprovals(Protocol):
+    """Approvals asked of the caller (spec §22): bound to the tenant and the
+    request, decided through any replica."""
+
+    async def open(self, tenant: str, request_id: str, approval_id: str) -> None: ...
+
+    async def wait(self, approval_id: str, timeout_s: float) -> Literal["approve", "deny"] | None:
+        """The caller's decision, or None when none came within ``timeout_s``."""
+        ...
+
+    async def close(self, approval_id: str) -> None: ...
+
+
 @dataclass(eq=False)
 class Services:
     #: route -> worker (transport, admission, identity) and the releases
@@ -97,3 +137,11 @@ class Services:
     blobs: EvidenceStore
     #: in-flight requests, so that a drain can wait for them and end the rest
     inflight: set[Exchange] = field(default_factory=set)
+    #: where an agentic run keeps the files the worker made (spec §22)
+    files: TenantFiles | None = None
+    #: approvals asked of callers (spec §22)
+    approvals: CallerApprovals | None = None
+    #: a web fetch's addresses (``agents.hosts``, then DNS, bounded)
+    hosts: HostLookup = field(default_factory=lambda: HostLookup({}))
+    #: the key of the worker's session ids (gateway ``agents.session_key_env``)
+    session_key: bytes = b""
