@@ -81,7 +81,8 @@ def _post(stack: Stack, body: dict[str, Any], **headers: str) -> httpx.Response:
 def _chat_sent(stack: Stack) -> dict[str, Any]:
     """The last chat request the worker received (approvals are posted after it)."""
     chats = [r for r in stack.sim.requests() if r.path == "/v1/chat/completions"]
-    body: dict[str, Any] = chats[-1].json
+    body = chats[-1].json
+    assert isinstance(body, dict)
     return body
 
 
