@@ -189,6 +189,11 @@ class EvidenceCatalog(Protocol):
         """Whether a record or an unexpired lease names the digest."""
         ...
 
+    async def referenced(self, sha256s: Sequence[str]) -> set[str]:
+        """Which of ``sha256s`` a record or an unexpired lease names: one call
+        for a sweep's batch of stored files."""
+        ...
+
     async def active_leases(self) -> int: ...
 
     async def sweep_leases(self) -> list[tuple[str, str]]:

@@ -349,6 +349,8 @@ async def _sweep_expired(runtime: Runtime) -> None:
         else:
             if swept:
                 log.info("evidence: %d expired leases dropped", swept)
+        # Files an outage or a crash left between rename and record (spec §24).
+        await runtime.evidence.sweep_staged()
 
 
 async def close_runtime(runtime: Runtime) -> None:

@@ -122,6 +122,9 @@ class SqliteCatalog:
     async def is_referenced(self, sha256: str) -> bool:
         return await self._run("is_referenced", partial(self.sync.is_referenced, sha256))
 
+    async def referenced(self, sha256s: Sequence[str]) -> set[str]:
+        return await self._run("referenced", partial(self.sync.referenced, sha256s))
+
     async def active_leases(self) -> int:
         return await self._run("active_leases", self.sync.active_leases)
 
