@@ -20,6 +20,7 @@ from gateway.apis.base import Api, Plan
 from gateway.apis.responses.conversation import MAX_LINKS, PARAM, expand
 from gateway.apis.usage import estimate_prompt_tokens
 from gateway.books.receipts import ReleaseMark
+from gateway.books.state.guard import require_state
 from gateway.core.body import Layout, check_size
 from gateway.core.errors import GatewayError
 from gateway.observe.tracing import NS, step
@@ -68,6 +69,8 @@ async def run(call: Call, api: Api, plan: Plan) -> None:
     """Everything from the media records to the worker's answer."""
     rt, tenant, worker, resolved = call.rt, call.tenant, call.worker, call.resolved
     assert resolved is not None
+    # The store known down: refused before any of it runs, the worker untouched (spec §24).
+    require_state(rt.state.calls, plan)
     staging = rt.config.staging
     forward = api.forward(plan, resolved.route)
     if plan.previous_response_id is not None:

@@ -14,6 +14,7 @@ from gateway.books.evidence.leases import RequestMedia
 from gateway.books.evidence.records import EvidenceRecord
 from gateway.books.protocols import KeptResponse
 from gateway.books.receipts import Receipt
+from gateway.books.state.calls import StateCalls
 from gateway.config import LimitsConfig
 from gateway.config.policy import Modality, PolicyLimits, Tenant, TenantPolicy, resolve_limits
 from gateway.core.errors import GatewayError
@@ -255,6 +256,14 @@ class FakeRuntime:
         self.readiness = readiness
         self.config = config
         self.evidence = evidence
+        self.state = FakeState()
+
+
+class FakeState:
+    """The books' backend as the steps see it: only its health (``calls.degraded``)."""
+
+    def __init__(self) -> None:
+        self.calls = StateCalls(None)
 
 
 class FakeMedia:

@@ -40,6 +40,7 @@ class State:
     closers: tuple[Callable[[], Awaitable[None]], ...] = field(default=())
 
     async def close(self) -> None:
+        await self.calls.aclose()
         for close in self.closers:
             await close()
         await self.responses.close()
@@ -64,6 +65,7 @@ def open_state(
 
         calls = StateCalls(state.timeout_s, observe, on_error)
         pool = PgPool(dsn_from(env, state.dsn_env), state.timeout_s)
+        calls.watch(pool.ping)
         return State(
             PgCatalog(pool, calls, state.replica),
             PgResponseStore(pool, calls),
@@ -74,6 +76,7 @@ def open_state(
     calls = StateCalls(None, observe, on_error)
     path = Path(config.staging.catalog)
     catalog = SqliteCatalog(Catalog(path), calls)
+    calls.watch(catalog.ping)
     responses = SqliteResponseStore(path)
     releases = SqliteReleaseStore(path)
     return State(catalog, responses, releases, calls, False, closers=(releases.close,))

@@ -131,6 +131,11 @@ class PgPool:
 
         return await calls.run(op, work())
 
+    async def ping(self) -> None:
+        """The cheapest round trip (the degraded store's probe, ``StateCalls.watch``)."""
+        async with self.connection() as conn:
+            await conn.fetchval("SELECT 1")
+
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Conn]:
         async with self.connection() as conn, conn.transaction():

@@ -33,6 +33,10 @@ class SqliteCatalog:
     async def _run(self, op: str, work: Callable[[], T]) -> T:
         return await self._calls.run(op, anyio.to_thread.run_sync(work))
 
+    async def ping(self) -> None:
+        """A trivial read (the degraded store's probe, ``StateCalls.watch``)."""
+        await anyio.to_thread.run_sync(self.sync.usage, "", 0)
+
     async def add(
         self,
         *,
