@@ -132,13 +132,13 @@ class Runtime:
         """Why ``/readyz`` is 503 beyond the worker's routes, if it is.
 
         Reads state only (the receipt writer's, the limits store's from its
-        last call or probe), so a probe never waits for either. A failing
-        limits store makes the replica unready only under ``on_error:
-        closed``, where it refuses inference (spec §15); under ``open`` it
-        serves unchecked and stays ready."""
+        last calls and probes), so a probe never waits for either. A limits
+        store failing every call for ``unready_after_s`` makes the replica
+        unready only under ``on_error: closed``, where it refuses inference
+        (spec §15, §24); under ``open`` it serves unchecked and stays ready."""
         if not self.receipts.healthy:
             return "audit_unavailable"
-        if not self.ratelimit.healthy and self.config.limits_store.on_error == "closed":
+        if not self.ratelimit.ready and self.config.limits_store.on_error == "closed":
             return "limits_unavailable"
         return None
 
