@@ -7,7 +7,6 @@ import json
 import os
 import sys
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from gateway.config.loader import ConfigError, Loaded, load_all, load_config
 
@@ -24,7 +23,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from gateway.observe.logs import setup_logging
     from gateway.tools.preflight import load_checked
 
-    checked = load_checked(Path(args.config), os.environ)
+    checked = load_checked(Path(args.config), os.environ, serving=True)
     if checked.loaded is None:
         # One line per problem, naming its config key: nothing is served half-configured.
         for line in checked.errors:
@@ -41,6 +40,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from gateway.tools.fleet_summary import fleet_summary
     from gateway.tools.preflight import load_checked
     from gateway.upstream.table import capacities
 
@@ -66,9 +66,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(
         f"admission: capacity {config.admission.capacity}, max_queue {config.admission.max_queue}"
     )
-    store = config.limits_store
-    where = "" if store.backend == "memory" else f" {urlsplit(store.url).hostname}"
-    print(f"limits_store: {store.backend}{where} on_error={store.on_error}")
+    for line in fleet_summary(config):
+        print(line)
     for name, tenant in sorted(loaded.policies.tenants.items()):
         lim = tenant.limits
         models = ", ".join(sorted(tenant.policy.models)) or "(none)"

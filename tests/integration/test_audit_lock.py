@@ -1,10 +1,9 @@
-"""Two real gateways cannot share one audit path (spec §13, §17): the second
-refuses to start with one line, the first's receipts stay one chain, and a
-killed holder's lock goes with its process."""
+"""Two real gateways cannot share one audit path (spec §13, §17, §24): the
+second refuses to start with one line naming ``audit.path``, the first's
+receipts stay one chain, and a killed holder's lock goes with its process."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -19,7 +18,10 @@ from tests.support.jwt import HS_SECRET
 from tests.support.process import REPO, START_TIMEOUT_S, Served, serve, sim_running, wait_ready
 from tests.support.stack import chat_body, issuers, policies
 
-_HELD = "the audit file is held by another gateway process"
+_HELD = (
+    "held by another gateway process: one writer per audit file "
+    "(give each replica its own audit.path)"
+)
 
 
 def _one_receipt(served: Served, audit: Path) -> dict[str, object]:
@@ -61,11 +63,11 @@ def test_a_second_gateway_on_one_audit_path_refuses_to_start(
                 timeout=START_TIMEOUT_S,
                 check=False,
             )
-            assert refused.returncode != 0
+            assert refused.returncode == 1
             assert refused.stdout == b"", "it never listened"
             stderr = refused.stderr.decode()
-            said = [json.loads(line)["msg"] for line in stderr.splitlines() if _HELD in line]
-            assert said == [f"receipts: {_HELD}"], stderr
+            # Refused before it starts, naming the config key it conflicts on (spec §24).
+            assert stderr.splitlines() == [f"error: audit.path: {_HELD}"], stderr
             assert "Traceback" not in stderr and str(tmp_path) not in stderr
             assert _one_receipt(served, audit)["seq"] == 2, "the first one serves on"
         # Killed (not drained): its lock went with the process.
