@@ -25,6 +25,7 @@ from gateway import __version__
 from gateway.admission import AdmissionGroup
 from gateway.auth.authenticator import Authenticator
 from gateway.auth.keys import load_key_set
+from gateway.books.anchors import start_anchors
 from gateway.books.evidence.service import EvidenceService
 from gateway.books.receipts import ReceiptWriter
 from gateway.books.responses import ResponseBook
@@ -324,6 +325,11 @@ async def start_background(runtime: Runtime) -> None:
     runtime.table.releases.start()
     runtime.responses.start()
     runtime.background.append(asyncio.create_task(_sweep_expired(runtime), name="evidence-expiry"))
+    # The receipt chain's head into the state store (spec §24).
+    anchors = start_anchors(
+        runtime.receipts, runtime.state.anchors, runtime.config, runtime.metrics
+    )
+    runtime.background.append(anchors)
 
 
 async def _sweep_expired(runtime: Runtime) -> None:

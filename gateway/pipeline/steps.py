@@ -106,6 +106,8 @@ async def run(call: Call, api: Api, plan: Plan) -> None:
     queued_at = now()
     with step(call.info.span, "gateway.admission", {NS + "upstream": worker.name}):
         call.permit = await _permit(call, worker, plan)
+    # Admitted: its write-ahead line, so a replica killed from now on leaves a trace (§24).
+    rt.receipts.open(call.receipt)
     waited = call.timings.admission = now() - queued_at
     call.receipt.queue_ms = ms(waited)
     rt.metrics.admission_wait.observe(waited)

@@ -51,7 +51,8 @@ def test_a_second_gateway_on_one_audit_path_refuses_to_start(
         )
         with serve(first, first.parent) as served:
             receipt = _one_receipt(served, audit)
-            assert (receipt["replica"], receipt["seq"], receipt["prev_sha256"]) == ("gw-a", 1, None)
+            # Its open line (write-ahead, spec §24) is seq 1, the receipt names it.
+            assert (receipt["replica"], receipt["seq"], receipt["open_seq"]) == ("gw-a", 2, 1)
             env = {**os.environ, DEMO_SECRET_ENV: HS_SECRET}
             env.pop("GATEWAY_LOG_LEVEL", None)
             argv = ["-m", "gateway.tools.cli", "serve", "--config", str(second), "--port", "0"]
@@ -69,12 +70,14 @@ def test_a_second_gateway_on_one_audit_path_refuses_to_start(
             # Refused before it starts, naming the config key it conflicts on (spec §24).
             assert stderr.splitlines() == [f"error: audit.path: {_HELD}"], stderr
             assert "Traceback" not in stderr and str(tmp_path) not in stderr
-            assert _one_receipt(served, audit)["seq"] == 2, "the first one serves on"
+            assert _one_receipt(served, audit)["seq"] == 4, "the first one serves on"
         # Killed (not drained): its lock went with the process.
         with serve(second, second.parent) as served:
             receipt = _one_receipt(served, audit)
-            assert (receipt["replica"], receipt["seq"]) == ("gw-b", 1)
+            assert (receipt["replica"], receipt["seq"]) == ("gw-b", 2)
             served.terminate()
     capsys.readouterr()
     assert main(["receipts", "verify", str(audit.parent)]) == 0
-    assert capsys.readouterr().out.strip().endswith("2 replicas, 3 receipts, 0 findings")
+    assert capsys.readouterr().out.strip().endswith(
+        "2 replicas, 3 receipts, 0 findings; 3 open lines (write-ahead)"
+    )
