@@ -78,6 +78,8 @@ def test_a_second_gateway_on_one_audit_path_refuses_to_start(
             served.terminate()
     capsys.readouterr()
     assert main(["receipts", "verify", str(audit.parent)]) == 0
-    assert capsys.readouterr().out.strip().endswith(
-        "2 replicas, 3 receipts, 0 findings; 3 open lines (write-ahead)"
+    assert (
+        capsys.readouterr()
+        .out.strip()
+        .endswith("2 replicas, 3 receipts, 0 findings; 3 open lines (write-ahead)")
     )
