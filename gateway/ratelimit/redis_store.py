@@ -187,6 +187,8 @@ class RedisLimitsStore:
         self._renew_due = False
         self._catching_up = asyncio.Lock()
         self._catch_up_task: asyncio.Task[None] | None = None
+        #: aclose began: a settlement applied now starts no catch-up
+        self._closing = False
         self._dropping = False
         #: ops whose last batch had calls the script refused (logged once per episode)
         self._refusing: set[str] = set()
@@ -309,6 +311,7 @@ class RedisLimitsStore:
 
     async def aclose(self, timeout_s: float = 5.0) -> int:
         # Slots still held stop being renewed: they expire with their leases.
+        self._closing = True
         await self._leases.aclose()
         catching_up, self._catch_up_task = self._catch_up_task, None
         if catching_up is not None:
@@ -579,7 +582,7 @@ class RedisLimitsStore:
             self._healthy = True
             log.warning("limits store available again")
         task = self._catch_up_task
-        if self._renew_due and (task is None or task.done()):
+        if self._renew_due and not self._closing and (task is None or task.done()):
             # A settlement or a renewal got through: the held slots come back now.
             self._catch_up_task = asyncio.create_task(
                 self._catch_up_quietly(), name="limits-catch-up"
