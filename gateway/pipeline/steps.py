@@ -11,8 +11,9 @@ No ``if endpoint == …`` here: what differs lives in the descriptor
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from typing import Any
 
 from gateway.admission import Permit, request_weight
@@ -83,7 +84,7 @@ async def run(call: Call, api: Api, plan: Plan) -> None:
 
     limits = tenant.limits
     began = now()
-    with step(call.info.span, "gateway.limits"):
+    with step(call.info.span, "gateway.limits"), _limits_timed(call, began):
         call.reservation = await rt.ratelimit.reserve(
             tenant.name,
             TenantLimits(
@@ -98,7 +99,6 @@ async def run(call: Call, api: Api, plan: Plan) -> None:
             # The slot must outlast the admission wait as well as the worker call.
             wait_s=tenant.policy.admission.queue_timeout_s,
         )
-    call.timings.limits = now() - began
     rate_headers = call.reservation.headers()
     queued_at = now()
     with step(call.info.span, "gateway.admission", {NS + "upstream": worker.name}):
@@ -116,6 +116,15 @@ async def run(call: Call, api: Api, plan: Plan) -> None:
         check_size(body.size, worker.config.max_request_bytes)
     reroute = None if resolved.other is None else functools.partial(_reroute, call, api, forward)
     await call_worker(call, api, plan, body, rate_headers, reroute)
+
+
+@contextlib.contextmanager
+def _limits_timed(call: Call, began: float) -> Iterator[None]:
+    """``timings.limits`` once the reservation ends, refused or not (the stage ran, §20)."""
+    try:
+        yield
+    finally:
+        call.timings.limits = now() - began
 
 
 def _permit(call: Call, worker: Worker, plan: Plan) -> Awaitable[Permit]:

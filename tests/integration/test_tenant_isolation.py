@@ -14,7 +14,7 @@ from gateway.testing.harness import DEMO_SECRET_ENV
 from tests.support.jwt import HS_SECRET
 from tests.support.stack import Stack, chat_body, running_stack, sse_data
 
-ENDPOINTS = ["chat.completions", "completions", "responses", "messages", "models"]
+ENDPOINTS = ["chat.completions", "completions", "responses", "messages", "embeddings", "models"]
 COUNTS = {"prompt_tokens", "completion_tokens", "total_tokens"}
 TIMINGS = {"avg_tok_per_sec", "total_time_sec", "total_prompt_time_sec"}
 
@@ -83,6 +83,23 @@ def test_usage_is_the_counts_unless_the_policy_says_full(stack: Stack) -> None:
     with stack.client(stack.rs256("acme")) as client:
         answer = client.post("/v1/chat/completions", json=chat_body("[[sim chunks=2]]")).json()
     assert set(answer["usage"]) == COUNTS
+
+
+def test_embeddings_usage_is_the_counts_unless_the_policy_says_full(stack: Stack) -> None:
+    """The worker's cached-token count stays in the receipt (spec §21, §24)."""
+    body = {"model": "gemma-4-mm", "input": "[[sim extras=true]] some text"}
+    with stack.client(stack.rs256("acme")) as client:
+        acme = client.post("/v1/embeddings", json=body)
+    assert acme.status_code == 200
+    assert acme.json()["usage"] == {
+        "prompt_tokens": acme.json()["usage"]["prompt_tokens"],
+        "total_tokens": acme.json()["usage"]["prompt_tokens"],
+    }
+    receipt = stack.receipt(acme.headers["x-request-id"])
+    assert receipt["usage"]["prompt_tokens"] == acme.json()["usage"]["prompt_tokens"]
+    with stack.client(stack.rs256("globex")) as client:
+        globex = client.post("/v1/embeddings", json=body).json()
+    assert globex["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
 
 
 def test_responses_ids_and_usage(stack: Stack) -> None:

@@ -51,6 +51,7 @@ from gateway.apis.responses.fill import (
     fill_part,
     fill_response,
     fill_usage,
+    request_echo,
 )
 from gateway.apis.usage import estimate_output_tokens, usage_count
 from gateway.core.errors import GatewayError
@@ -313,6 +314,7 @@ class ResponsesDialect:
         # The gateway's own id (spec §21); the worker's goes to the receipt.
         self.id = "resp_" + os.urandom(12).hex()
         self.full_usage = plan.full_usage
+        self.echo = request_echo(plan)
         self.collect = collect
         self.has_content = False
         self._response: dict[str, Any] | None = None
@@ -331,6 +333,7 @@ class ResponsesDialect:
         if isinstance(response, dict):
             response["id"] = self.id
             response["model"] = self.alias
+            response.update(self.echo)
             fill_response(response, full_usage=self.full_usage)
             if name in TERMINAL_EVENTS:
                 self._response = response
