@@ -12,7 +12,14 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway.config.releases import RELEASE_PREFIX
 from gateway.core.errors import GatewayError
-from gateway.http.asgi import info_of, runtime_of, send_error, send_json, tenant_for
+from gateway.http.asgi import (
+    info_of,
+    runtime_of,
+    scraper_for,
+    send_error,
+    send_json,
+    tenant_for,
+)
 from gateway.observe.exposition import exposition_of
 from gateway.types import Receive, Scope, Send
 
@@ -76,10 +83,18 @@ async def readyz(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 async def metrics(scope: Scope, receive: Receive, send: Send) -> None:
-    """The exposition, rendered off the event loop at a bounded rate
-    (``gateway/observe/exposition.py``, spec §21)."""
+    """The exposition on the callers' port, for a credential with scope
+    ``metrics`` only (spec §24; ``metrics.listen`` serves it apart, unauthenticated),
+    rendered off the event loop at a bounded rate (``gateway/observe/exposition.py``,
+    spec §21)."""
     rt = runtime_of(scope)
-    info_of(scope).endpoint = "metrics"
+    info = info_of(scope)
+    info.endpoint = "metrics"
+    try:
+        await scraper_for(scope, rt)
+    except GatewayError as exc:
+        await send_error(send, exc, info)
+        return
     payload = await exposition_of(rt.metrics.registry).render()
     await send(
         {

@@ -51,6 +51,12 @@ def issuers() -> list[dict[str, Any]]:
     ]
 
 
+def metrics_headers(tenant: str = "acme") -> dict[str, str]:
+    """A scraper's credential for ``/metrics`` on the callers' port: an RS256
+    token with scope ``metrics`` only (spec §24)."""
+    return {"authorization": f"Bearer {sign_rs256(make_claims(tenant=tenant, scope='metrics'))}"}
+
+
 def policies(globex: dict[str, Any] | None = None, **acme: Any) -> dict[str, dict[str, Any]]:
     acme_policy = default_policy("acme", api_keys=[{"name": "nightly", "sha256": API_KEY_SHA}])
     acme_policy.update(acme)
