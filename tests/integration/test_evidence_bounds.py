@@ -8,6 +8,7 @@ catalog and the worker saw, never on timing.
 
 from __future__ import annotations
 
+import base64
 import os
 import threading
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from pathlib import Path
 import httpx
 
 from gateway.books.state.sqlite.catalog import Catalog
+from tests.support import pixels
 from tests.support.evidence import (
     BASE_LIMITS,
     PNG,
@@ -283,3 +285,44 @@ def test_a_file_changed_on_disk_never_reaches_the_worker_whole(stack: Stack) -> 
     receipt = stack.receipt(response.headers["x-request-id"])
     assert receipt["request_sha256"] is None and receipt["error_code"] == "storage_error"
     assert no_leases(stack)
+
+
+# -- pixels, not only bytes (spec §24) ------------------------------------------
+
+
+def test_pixel_bombs_are_refused_before_they_are_kept_or_forwarded(tmp_path: Path) -> None:
+    acme = {"media": {"caller_urls": "reject", "inline_data": "stage"}}
+    staging = {**STAGING, "max_image_side": 4096, "max_image_pixels": 4_000_000}
+    with running_stack(tmp_path, acme=acme, staging=staging) as stack:
+        bomb = pixels.png_bomb()  # 60000 x 60000 declared, a few tens of KB sent
+        for data, media_type in (
+            (bomb, "image/png"),
+            (pixels.jpeg(4097, 10, app_bytes=100_000), "image/jpeg"),
+            (pixels.webp_vp8x(2001, 2000), "image/webp"),  # under the side, over the pixels
+            (pixels.mp4(640, 480, coded=(8192, 8192)), "video/mp4"),
+        ):
+            refused = upload(stack, data, media_type)
+            assert refused.status_code == 400, media_type
+            assert error_code(refused) == "media_limit_exceeded"
+            assert "pixels" in refused.json()["error"]["message"]
+        assert files_in(stack) == set() and records_of(stack) == 0
+        # At the bounds it is served.
+        for data, media_type in (
+            (pixels.png(4096, 976), "image/png"),
+            (pixels.gif(2000, 2000), "image/gif"),
+            (pixels.mp4(1920, 1080), "video/mp4"),
+        ):
+            assert upload(stack, data, media_type).status_code == 201, media_type
+
+        # Inline data staged after admission: the same bound, and the worker sees nothing.
+        inline = "data:image/png;base64," + base64.b64encode(bomb).decode()
+        response = chat(stack, multimodal(media_part("image", inline)))
+        assert response.status_code == 400 and error_code(response) == "media_limit_exceeded"
+        assert worker_posts(stack.sim) == []
+        assert no_leases(stack)
+
+
+def test_the_default_bounds_take_a_large_photo_and_refuse_the_bomb(stack: Stack) -> None:
+    assert upload(stack, pixels.jpeg(8000, 5000), "image/jpeg").status_code == 201
+    bomb = upload(stack, pixels.png_bomb(), "image/png")
+    assert bomb.status_code == 400 and error_code(bomb) == "media_limit_exceeded"

@@ -90,6 +90,14 @@ class TempUpload:
     def sha256(self) -> str:
         return self.hasher.hexdigest()
 
+    def read_at(self, offset: int, size: int) -> bytes:
+        """Up to ``size`` of the bytes written so far, at ``offset`` (header reads)."""
+        assert self.fd is not None
+        try:
+            return os.pread(self.fd, size, offset)
+        except OSError as exc:
+            raise GatewayError("storage_error") from exc
+
     def discard(self) -> None:
         """Drop the temp file unless it became a stored file (idempotent)."""
         fd, self.fd = self.fd, None

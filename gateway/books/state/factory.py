@@ -16,6 +16,7 @@ from gateway.books.state.sqlite.evidence import SqliteCatalog
 from gateway.books.state.sqlite.releases import SqliteReleaseStore
 from gateway.books.state.sqlite.responses import SqliteResponseStore
 from gateway.config import GatewayConfig
+from gateway.core.dimensions import PixelBounds
 
 #: an evidence lease outlives the longest request by this much (spec §17)
 LEASE_MARGIN_S = 10.0
@@ -94,4 +95,5 @@ def evidence_service(
         reserve=None if state.shared else catalog.with_name(catalog.name + RESERVE_SUFFIX),
         lease_ttl_s=evidence_lease_s(config),
         shared=state.shared,
+        pixels=PixelBounds(config.staging.max_image_pixels, config.staging.max_image_side),
     )

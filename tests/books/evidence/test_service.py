@@ -483,7 +483,8 @@ async def test_a_closed_catalog_is_state_unavailable(service: EvidenceService) -
 _BLOCKED_WRITER = """
 import asyncio, os, sys
 from pathlib import Path
-from gateway.books.evidence import Catalog, EvidenceService, EvidenceStore
+from gateway.books.evidence import EvidenceService, EvidenceStore
+from gateway.books.state.sqlite.catalog import Catalog
 from gateway.books.state.sqlite.evidence import SqliteCatalog
 from tests.books.evidence.support import make_tenant
 
