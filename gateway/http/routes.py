@@ -76,9 +76,18 @@ async def readyz(scope: Scope, receive: Receive, send: Send) -> None:
     }
     if reason is not None:
         body["reason"] = reason
-    if rt.state.calls.degraded:
-        # Shared by every replica: unready would take all of them out at once (spec §17).
-        body["degraded"] = ["state_unavailable"]
+    # Shared by every replica: unready would take all of them out at once (spec §17);
+    # a full volume refuses what needs state, not what needs none (spec §24).
+    degraded = [
+        reason
+        for reason, now in (
+            ("state_unavailable", rt.state.calls.degraded),
+            ("state_volume_full", rt.state.volume.full),
+        )
+        if now
+    ]
+    if degraded:
+        body["degraded"] = degraded
     await send_json(send, 200 if ready else 503, body)
 
 

@@ -315,7 +315,9 @@ class EvidenceService:
         if self._reserve is None or self._reserve.exists():
             return
         try:
-            with self._reserve.open("xb") as handle:
+            # The state's files are the gateway user's alone (spec §24).
+            fd = os.open(self._reserve, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as handle:
                 handle.write(b"\0" * RESERVE_BYTES)
                 handle.flush()
                 os.fsync(handle.fileno())

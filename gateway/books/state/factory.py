@@ -15,6 +15,7 @@ from gateway.books.state.sqlite.catalog import Catalog
 from gateway.books.state.sqlite.evidence import SqliteCatalog
 from gateway.books.state.sqlite.releases import SqliteReleaseStore
 from gateway.books.state.sqlite.responses import SqliteResponseStore
+from gateway.books.volume import VolumeWatch
 from gateway.config import GatewayConfig
 from gateway.core.dimensions import PixelBounds
 
@@ -36,6 +37,8 @@ class State:
     calls: StateCalls
     #: other replicas share it (their leases, temps and responses are theirs)
     shared: bool
+    #: whether the state volume (evidence files; SQLite's file) was last found full
+    volume: VolumeWatch
     #: closes what the books above hold that their protocols do not close
     #: (``ReleaseStore`` has no ``close``: a runtime's fake needs none)
     closers: tuple[Callable[[], Awaitable[None]], ...] = field(default=())
@@ -71,13 +74,15 @@ def open_state(
             PgReleaseStore(pool, calls),
             calls,
             True,
+            VolumeWatch(),  # the evidence files' (the records are PostgreSQL's)
         )
     calls = StateCalls(None, observe, on_error)
     path = Path(config.staging.catalog)
-    catalog = SqliteCatalog(Catalog(path), calls)
-    responses = SqliteResponseStore(path)
+    volume = VolumeWatch()
+    catalog = SqliteCatalog(Catalog(path, volume=volume), calls)
+    responses = SqliteResponseStore(path, volume=volume)
     releases = SqliteReleaseStore(path)
-    return State(catalog, responses, releases, calls, False, closers=(releases.close,))
+    return State(catalog, responses, releases, calls, False, volume, closers=(releases.close,))
 
 
 def evidence_service(
@@ -88,7 +93,7 @@ def evidence_service(
     """The evidence service over the configured backend and ``staging.dir``."""
     catalog = Path(config.staging.catalog)
     return EvidenceService(
-        EvidenceStore(Path(config.staging.dir)),
+        EvidenceStore(Path(config.staging.dir), state.volume),
         state.catalog,
         on_leases_change,
         # SQLite journals even a delete: its reserve makes room on a full volume.
