@@ -11,9 +11,8 @@ No ``if endpoint == …`` here: what differs lives in the descriptor
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable
 from typing import Any
 
 from gateway.admission import Permit, request_weight
@@ -84,21 +83,25 @@ async def run(call: Call, api: Api, plan: Plan) -> None:
 
     limits = tenant.limits
     began = now()
-    with step(call.info.span, "gateway.limits"), _limits_timed(call, began):
-        call.reservation = await rt.ratelimit.reserve(
-            tenant.name,
-            TenantLimits(
-                limits.requests_per_minute,
-                limits.tokens_per_minute,
-                limits.tokens_per_day,
-                limits.max_concurrent_requests,
-            ),
-            (plan.max_tokens or 0) + estimate_prompt_tokens(plan.prompt_bytes)
-            if plan.bills_tokens
-            else 0,
-            # The slot must outlast the admission wait as well as the worker call.
-            wait_s=tenant.policy.admission.queue_timeout_s,
-        )
+    try:
+        with step(call.info.span, "gateway.limits"):
+            call.reservation = await rt.ratelimit.reserve(
+                tenant.name,
+                TenantLimits(
+                    limits.requests_per_minute,
+                    limits.tokens_per_minute,
+                    limits.tokens_per_day,
+                    limits.max_concurrent_requests,
+                ),
+                (plan.max_tokens or 0) + estimate_prompt_tokens(plan.prompt_bytes)
+                if plan.bills_tokens
+                else 0,
+                # The slot must outlast the admission wait as well as the worker call.
+                wait_s=tenant.policy.admission.queue_timeout_s,
+            )
+    finally:
+        # The stage ran, refused or not (spec §20).
+        call.timings.limits = now() - began
     rate_headers = call.reservation.headers()
     queued_at = now()
     with step(call.info.span, "gateway.admission", {NS + "upstream": worker.name}):
@@ -116,15 +119,6 @@ async def run(call: Call, api: Api, plan: Plan) -> None:
         check_size(body.size, worker.config.max_request_bytes)
     reroute = None if resolved.other is None else functools.partial(_reroute, call, api, forward)
     await call_worker(call, api, plan, body, rate_headers, reroute)
-
-
-@contextlib.contextmanager
-def _limits_timed(call: Call, began: float) -> Iterator[None]:
-    """``timings.limits`` once the reservation ends, refused or not (the stage ran, §20)."""
-    try:
-        yield
-    finally:
-        call.timings.limits = now() - began
 
 
 def _permit(call: Call, worker: Worker, plan: Plan) -> Awaitable[Permit]:
