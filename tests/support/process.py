@@ -164,8 +164,10 @@ def wait_ready(client: httpx.Client, timeout_s: float = 5) -> None:
     wait_until(lambda: client.get("/readyz").status_code == 200, timeout_s, "/readyz 200")
 
 
-def metric(client: httpx.Client, name: str, **labels: str) -> float:
-    text = client.get("/metrics", headers=metrics_headers()).text
+def metric(client: httpx.Client, name: str, /, scrape_as: str = "acme", **labels: str) -> float:
+    """The sample's value (0 if absent), scraped with a ``metrics`` credential of
+    tenant ``scrape_as`` (one the gateway knows)."""
+    text = client.get("/metrics", headers=metrics_headers(scrape_as)).text
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == name and dict(sample.labels) == labels:

@@ -26,7 +26,15 @@ from gateway.testing.harness import (
     write_config,
 )
 from gateway.testing.simulator import SimRequest, Simulator
-from tests.support.jwt import AUDIENCE, HS_SECRET, ISSUER, JWKS_PATH, make_claims, sign_rs256
+from tests.support.jwt import (
+    AUDIENCE,
+    HS_SECRET,
+    ISSUER,
+    JWKS_PATH,
+    make_claims,
+    sign_hs256,
+    sign_rs256,
+)
 
 API_KEY = "sk-test-acme-nightly-batch-0000000000000000"
 API_KEY_SHA = hashlib.sha256(API_KEY.encode()).hexdigest()
@@ -52,9 +60,13 @@ def issuers() -> list[dict[str, Any]]:
 
 
 def metrics_headers(tenant: str = "acme") -> dict[str, str]:
-    """A scraper's credential for ``/metrics`` on the callers' port: an RS256
-    token with scope ``metrics`` only (spec §24)."""
-    return {"authorization": f"Bearer {sign_rs256(make_claims(tenant=tenant, scope='metrics'))}"}
+    """A scraper's credential for ``/metrics`` on the callers' port (spec §24): a
+    token with scope ``metrics`` only, from the development HS256 issuer (its
+    secret is the test session's), so that it outlives a test's RS256 key rotation."""
+    claims = make_claims(
+        iss=DEV_ISSUER, aud="mistralrs-gateway", tenant=tenant, scope="metrics", sub="scraper"
+    )
+    return {"authorization": f"Bearer {sign_hs256(claims)}"}
 
 
 def policies(globex: dict[str, Any] | None = None, **acme: Any) -> dict[str, dict[str, Any]]:
