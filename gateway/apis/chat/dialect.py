@@ -93,7 +93,8 @@ class ChunkDialect:
         self.alias = plan.alias
         # The gateway's own id (spec §21): the worker's counts its requests.
         self.id = gateway_id("chatcmpl-" if kind == "chat" else "cmpl-")
-        self.inner = InnerIds()
+        #: the worker's tool call ids -> the gateway's (made with the first call)
+        self.inner: InnerIds | None = None
         self.call_prefix = call_prefix
         self.full_usage = plan.full_usage
         self.include_usage = plan.include_usage
@@ -124,8 +125,11 @@ class ChunkDialect:
     def _own_call_ids(self, calls: Any) -> None:
         """The worker's tool call ids in this chunk, the gateway's from now on."""
         if isinstance(calls, list):
+            inner = self.inner
+            if inner is None:
+                inner = self.inner = InnerIds()
             for call in calls:
-                self.inner.swap_key(call, "id", self.call_prefix)
+                inner.swap_key(call, "id", self.call_prefix)
 
     def on_item(self, chunk: Chunk) -> bytes | None:
         self.observe(chunk)
