@@ -337,7 +337,8 @@ def stream_flags(body: Mapping[str, Any]) -> tuple[bool, bool]:
     return stream, options.get("include_usage") is True
 
 
-def check_prompt(prompt_bytes: int, tenant: Tenant, param: str | None = None) -> None:
+def check_prompt(prompt_bytes: int, tenant: Tenant, param: str) -> None:
+    """``max_prompt_bytes``; ``param`` names the field to shorten (spec §24)."""
     if prompt_bytes > tenant.limits.max_prompt_bytes:
         raise GatewayError(
             "prompt_too_large", "The prompt exceeds this tenant's limit.", param=param

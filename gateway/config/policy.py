@@ -21,6 +21,10 @@ Endpoint = Literal[
     "chat.completions", "completions", "responses", "embeddings", "messages", "models", "evidence"
 ]
 Modality = Literal["text", "image", "audio", "video"]
+#: what a credential may be for (spec §4; ``metrics``: ``/metrics`` on the callers' port, §24)
+Scope = Literal["inference", "evidence", "metrics"]
+#: what a static API key carries unless its entry lists ``scopes``
+API_KEY_SCOPES: tuple[Scope, ...] = ("inference", "evidence")
 MEDIA_MODALITIES: tuple[Modality, ...] = ("image", "audio", "video")
 
 TENANT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
@@ -34,6 +38,14 @@ class ApiKey(Model):
     )
     sha256: Hex64 = Field(
         description='SHA-256 of the key, 64 lowercase hex (`printf %s "$KEY" | sha256sum`).',
+    )
+    scopes: list[Scope] = Field(
+        list(API_KEY_SCOPES),
+        min_length=1,
+        description=(
+            "What the key carries, exactly: `inference` and `evidence` unless listed; "
+            "`[metrics]` for a scraper of /metrics on the callers' port (spec §24)."
+        ),
     )
 
 
@@ -176,7 +188,7 @@ class TenantPolicy(Model):
     )
     api_keys: list[ApiKey] = Field(
         [],
-        description="Static API keys (both scopes, limited by endpoints).",
+        description="Static API keys (their scopes, limited by endpoints).",
     )
     limits: PolicyLimits = Field(PolicyLimits(), description="The tenant's limits.")
     admission: PolicyAdmission = Field(
@@ -251,6 +263,7 @@ class Tenant:
 class ApiKeyEntry:
     tenant: str
     name: str
+    scopes: frozenset[str] = frozenset(API_KEY_SCOPES)
 
 
 @dataclass(frozen=True)
@@ -357,5 +370,9 @@ def build_policy_set(policies: list[TenantPolicy], config: GatewayConfig) -> Pol
     tenants = {
         p.tenant: Tenant(p.tenant, p, resolve_limits(p.limits, config.limits)) for p in policies
     }
-    keys = {k.sha256: ApiKeyEntry(p.tenant, k.name) for p in policies for k in p.api_keys}
+    keys = {
+        k.sha256: ApiKeyEntry(p.tenant, k.name, frozenset(k.scopes))
+        for p in policies
+        for k in p.api_keys
+    }
     return PolicySet(tenants=tenants, api_keys=keys)

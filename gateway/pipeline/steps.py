@@ -89,20 +89,23 @@ async def run(call: Call, routed: Routed, api: Api, plan: Plan) -> None:
 
     limits = tenant.limits
     began = now()
-    with step(call.info.span, "gateway.limits"):
-        routed.reservation = await services.limits.reserve(
-            tenant.name,
-            TenantLimits(
-                limits.requests_per_minute,
-                limits.tokens_per_minute,
-                limits.tokens_per_day,
-                limits.max_concurrent_requests,
-            ),
-            _reserve(plan, tenant) if plan.bills_tokens else 0,
-            # The slot must outlast the admission wait as well as the worker call.
-            wait_s=tenant.policy.admission.queue_timeout_s,
-        )
-    call.timings.limits = now() - began
+    try:
+        with step(call.info.span, "gateway.limits"):
+            routed.reservation = await services.limits.reserve(
+                tenant.name,
+                TenantLimits(
+                    limits.requests_per_minute,
+                    limits.tokens_per_minute,
+                    limits.tokens_per_day,
+                    limits.max_concurrent_requests,
+                ),
+                _reserve(plan, tenant) if plan.bills_tokens else 0,
+                # The slot must outlast the admission wait as well as the worker call.
+                wait_s=tenant.policy.admission.queue_timeout_s,
+            )
+    finally:
+        # The stage ran, refused or not (spec §20).
+        call.timings.limits = now() - began
     rate_headers = routed.reservation.headers()
     queued_at = now()
     with step(call.info.span, "gateway.admission", {NS + "upstream": worker.name}):

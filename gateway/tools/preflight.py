@@ -29,6 +29,10 @@ Theory of operation:
   would be refused at start), and a warning for ``check`` (run beside the
   running gateway, as the deploy guide does, it is that gateway's own lock).
   The lock is only tried, never created.
+* Exposure (spec §24), warnings: ``/metrics`` on the callers' port
+  (``metrics.listen`` unset: served to ``metrics`` credentials only), and
+  tenants' evidence quotas that sum past the size of the volume holding
+  ``staging.dir`` (one tenant within its quota could fill it for all).
 * A pinned worker that keeps a prefix cache (``launch.prefix_cache_n`` > 0)
   for a route more than one tenant's policy names is a warning (spec §21):
   a prefix another tenant sent shortens the time to first token, so a
@@ -405,6 +409,44 @@ def prefix_cache_warnings(config: GatewayConfig, policies: PolicySet) -> list[Fi
     return findings
 
 
+# ------------------------------------------------------------------- exposure
+
+
+def exposure_warnings(config: GatewayConfig, policies: PolicySet) -> list[Finding]:
+    """``/metrics`` on the callers' port; evidence quotas past the staging volume."""
+    findings = []
+    if config.metrics.listen is None:
+        findings.append(
+            _warning(
+                "metrics.listen",
+                "is unset: /metrics is served on the callers' port, to credentials with "
+                "scope metrics only (give scrapes a port of their own: metrics.listen)",
+            )
+        )
+    quotas = sum(t.policy.evidence.max_bytes for t in policies.tenants.values())
+    size = volume_bytes(Path(config.staging.dir))
+    if size is not None and quotas > size:
+        findings.append(
+            _warning(
+                "staging.dir",
+                f"the tenants' evidence quotas (evidence.max_bytes) sum to {quotas} bytes, "
+                f"more than the {size} bytes of its volume: one tenant within its quota "
+                "can fill it for every tenant",
+                Path(config.staging.dir),
+            )
+        )
+    return findings
+
+
+def volume_bytes(path: Path) -> int | None:
+    """The size of the filesystem that holds (or will hold) ``path``; None if unknown."""
+    try:
+        stat = os.statvfs(_nearest_existing(path))
+    except OSError:
+        return None
+    return stat.f_blocks * stat.f_frsize
+
+
 # ------------------------------------------------------------------- all
 
 
@@ -437,6 +479,7 @@ def load_checked(path: Path, env: Mapping[str, str], *, serving: bool = False) -
     if policies is not None:
         warnings += [str(f) for f in policy_digest_warnings(policies, config.policies_dir)]
         warnings += [str(f) for f in prefix_cache_warnings(config, policies)]
+        warnings += [str(f) for f in exposure_warnings(config, policies)]
     loaded = None
     if policies is not None and not errors:
         loaded = Loaded(config, policies, path, tuple(warnings))

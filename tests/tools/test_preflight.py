@@ -672,3 +672,41 @@ def test_check_prints_the_state_backend_replica_limits_store_and_every_release(
     assert "cohort=tenant" in lines["release next"] and "min_requests=7" in lines["release next"]
     assert lines["audit"].startswith("audit: ")
     assert "hunter" not in out and "db.internal" not in out
+
+
+# -- exposure (spec §24) -------------------------------------------------------------
+
+
+def _check_lines(config: Path, capsys: pytest.CaptureFixture[str], key: str) -> list[str]:
+    assert main(["check", "--config", str(config)]) == 0  # warnings, never fatal
+    return [line for line in capsys.readouterr().out.splitlines() if f"warning: {key}:" in line]
+
+
+def test_check_warns_that_metrics_share_the_callers_port(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    [line] = _check_lines(_config(tmp_path / "shared"), capsys, "metrics.listen")
+    assert "callers' port" in line and "scope metrics" in line
+    apart = {"path": "/metrics", "listen": {"host": "127.0.0.1", "port": 9464}}
+    assert _check_lines(_config(tmp_path / "apart", metrics=apart), capsys, "metrics.listen") == []
+
+
+def test_check_warns_when_evidence_quotas_exceed_the_staging_volume(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def config(name: str, quota: int) -> Path:
+        policy = default_policy("acme", evidence={"max_bytes": quota})
+        return write_config(
+            tmp_path / name,
+            upstream_port=1234,
+            policies={
+                "acme": policy,
+                "globex": default_policy("globex", evidence=policy["evidence"]),
+            },
+            issuers=issuers(),
+        )
+
+    # No volume holds two exbibytes; every volume holds two bytes.
+    [line] = _check_lines(config("over", 1 << 60), capsys, "staging.dir")
+    assert f"sum to {2 << 60} bytes" in line and "fill it for every tenant" in line
+    assert _check_lines(config("under", 1), capsys, "staging.dir") == []

@@ -84,6 +84,7 @@ from gateway.apis.fields import (
     text_size,
     unsupported,
 )
+from gateway.apis.usage import counts_only
 from gateway.core.errors import GatewayError
 from gateway.core.replies import Spliced
 from gateway.core.sse import NEED_DATA, Done, NeedData, violation
@@ -291,6 +292,7 @@ class EmbeddingsDialect:
 
     def __init__(self, plan: Plan, bounds: StreamBounds) -> None:
         self.alias = plan.alias
+        self.full_usage = plan.full_usage
         self.max_prompt_tokens = bounds.max_prompt_tokens
         self.expected = len(inputs_of(plan.body["input"]))
         self.base64 = plan.body.get("encoding_format") == "base64"
@@ -354,6 +356,9 @@ class EmbeddingsDialect:
         for key, value in answer.fields:
             out[key] = orjson.Fragment(data) if value is _DATA else value
         out["model"] = self.alias
+        if not self.full_usage:
+            # The counts only (spec §21): cache hits tell of other tenants' prompts.
+            out["usage"] = counts_only(usage)
         return out
 
     def _width(self, view: memoryview, start: int, end: int) -> int:
