@@ -42,9 +42,18 @@ JOURNALS = ("-wal", "-shm", "-journal")
 
 def connect_private(path: Path, busy_timeout_s: float) -> sqlite3.Connection:
     """A connection on ``path``, the file (and its journals, which SQLite
-    creates with the file's mode) 0600; raises ``OSError`` or ``sqlite3.Error``."""
+    creates with the file's mode) 0600; raises ``OSError`` or ``sqlite3.Error``.
+
+    The file is created here only when it does not exist yet (``O_EXCL``), and
+    an existing one is only chmod-ed, never opened: closing any descriptor of a
+    file drops every POSIX lock this process holds on it, so opening and
+    closing a database this process already has connections to would make
+    another process's SQLite think they are gone (it may then checkpoint and
+    delete the WAL those connections still write into: their commits lost).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    with suppress(FileExistsError):
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
     for name in (path, *(path.with_name(path.name + j) for j in JOURNALS)):
         with suppress(FileNotFoundError):
             if os.stat(name).st_mode & 0o077:
