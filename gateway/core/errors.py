@@ -27,6 +27,7 @@ ErrorCode = Literal[
     "modality_not_allowed",
     "admission_weight_exceeded",
     "upstream_rejected",
+    "model_not_capable",
     "missing_credentials",
     "invalid_token",
     "tenant_not_configured",
@@ -74,6 +75,7 @@ _CODES: dict[ErrorCode, tuple[int, str]] = {
     "modality_not_allowed": (400, "invalid_request_error"),
     "admission_weight_exceeded": (400, "invalid_request_error"),
     "upstream_rejected": (400, "invalid_request_error"),
+    "model_not_capable": (400, "invalid_request_error"),
     "missing_credentials": (401, "authentication_error"),
     "invalid_token": (401, "authentication_error"),
     "tenant_not_configured": (403, "permission_error"),
@@ -147,6 +149,7 @@ _DEFAULT_MESSAGES: dict[ErrorCode, str] = {
     "audit_unavailable": "Receipts cannot be written right now; try again later.",
     "limits_unavailable": "Rate limits cannot be checked right now; try again later.",
     "state_unavailable": "The shared state store is unavailable right now; try again later.",
+    "model_not_capable": "The model cannot serve this request.",
 }
 
 

@@ -20,6 +20,7 @@ from gateway.books.evidence.store import EvidenceStore
 from gateway.books.protocols import KeptResponse
 from gateway.books.receipts import Receipt
 from gateway.config import StagingConfig
+from gateway.core.signed_urls import LinkSigner
 from gateway.observe.metrics import GatewayMetrics
 from gateway.pipeline.cancel import Exchange
 from gateway.ratelimit.base import Hold
@@ -83,6 +84,19 @@ class Conversations(Protocol):
     async def chain(self, tenant: str, response_id: str, max_links: int) -> list[KeptResponse]: ...
 
 
+class StoredFile(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+class TenantFiles(Protocol):
+    """Where outputs a caller gets as links are kept, per tenant (spec §22 files,
+    §23 ``url`` images): ``books/interim_files.py`` until the agents' file
+    store, which serves the same ids, takes its place."""
+
+    async def put(self, tenant: str, data: bytes, name: str, media_type: str) -> StoredFile: ...
+
+
 @dataclass(eq=False)
 class Services:
     #: route -> worker (transport, admission, identity) and the releases
@@ -95,5 +109,8 @@ class Services:
     staging: StagingConfig
     #: the staged evidence files the forwarded body's media are read from
     blobs: EvidenceStore
+    #: the tenant files ``url`` images are kept as, and their signed links (§23)
+    files: TenantFiles
+    links: LinkSigner
     #: in-flight requests, so that a drain can wait for them and end the rest
     inflight: set[Exchange] = field(default_factory=set)

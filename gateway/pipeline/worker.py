@@ -9,13 +9,22 @@ it instead of ``[DONE]``.
 
 A release's fallback (``fallback.py``) may make a second attempt on the
 other arm when the first failed before the worker's head.
+
+A plan of several calls (spec §23) runs :func:`call_worker` once per call:
+every call but the last only collects (its dialect keeps what it checked),
+:func:`retire` lets go of the finished call's worker and permit, and the last
+call's answer is the caller's. Images asked for as ``url`` are stored as the
+tenant's files (:func:`keep_files`) before the answer names them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import cast
+
 import orjson
 
-from gateway.apis.base import Api, Dialect, Plan, StreamBounds
+from gateway.apis.base import Api, Dialect, HeadReader, Plan, StreamBounds
 from gateway.apis.responses.conversation import kept_input
 from gateway.apis.usage import Usage, public_usage
 from gateway.apis.usage import usage_of as settled_usage
@@ -45,14 +54,43 @@ async def call_worker(
     body: Layout,
     rate_headers: dict[str, str],
     fallback: Fallback | None = None,
+    *,
+    final: bool = True,
 ) -> None:
+    """One worker call of the plan (a release's fallback may make it twice);
+    ``final``: the plan's last, whose answer goes to the caller."""
+    # Earlier calls of this plan read into this dialect; the first call makes one.
+    carried = call.attempt.dialect if call.attempt is not None else None
     try:
-        await _attempt(call, routed, api, plan, body, rate_headers)
+        await _attempt(call, routed, api, plan, body, rate_headers, carried, final)
     except GatewayError as exc:
         other_body = await fallback.take(exc) if fallback is not None else None
         if other_body is None:
             raise exc from None
-        await _attempt(call, routed, api, plan, other_body, rate_headers)
+        await _attempt(call, routed, api, plan, other_body, rate_headers, carried, final)
+
+
+def retire(call: Call, routed: Routed) -> None:
+    """Between two calls of one plan: the finished call lets go of its worker
+    (response, body, live count, span) and its permit; its answer stays with
+    the dialect, and the next call's times are its own."""
+    attempt, timings = call.attempt, call.timings
+    if attempt is not None:
+        attempt.relay.close()
+        attempt.producer.close()
+        if attempt.live:
+            routed.worker.live -= 1
+            attempt.live = False
+        if attempt.producer.media_s:
+            timings.add_media(attempt.producer.media_s)
+            attempt.producer.media_s = 0.0
+        if attempt.span is not None:
+            attempt.span.end(error=None, failed=False)
+            attempt.span = None
+    permit, routed.permit = routed.permit, None
+    if permit is not None:
+        permit.release()
+    timings.sent_at = timings.head_at = None
 
 
 async def _attempt(
@@ -62,16 +100,22 @@ async def _attempt(
     plan: Plan,
     body: Layout,
     rate_headers: dict[str, str],
+    carried: Dialect | None = None,
+    final: bool = True,
 ) -> None:
     """One worker call: the relay set up for this worker, the body sent, the answer relayed."""
     services, info, worker = call.services, call.info, routed.worker
     upstream_cfg = worker.config
-    bounds = StreamBounds(
-        framing=upstream_cfg.framing,
-        text_nul=upstream_cfg.text_nul,
-        max_prompt_tokens=prompt_token_bound(body, plan),
-    )
-    dialect = api.dialect(plan, bounds, collect=not plan.stream)
+    if carried is None:
+        bounds = StreamBounds(
+            framing=upstream_cfg.framing,
+            text_nul=upstream_cfg.text_nul,
+            max_prompt_tokens=prompt_token_bound(body, plan),
+        )
+        dialect = api.dialect(plan, bounds, collect=not plan.stream)
+    else:
+        dialect = carried
+        dialect.next_call()  # a fresh source; what earlier calls made stays
     headers = [*_SSE_HEADERS, *encode_headers(rate_headers)]
     if plan.stream:
         headers.append((b"x-usage-source", dialect.usage_source.encode()))
@@ -85,6 +129,8 @@ async def _attempt(
         # x-request-id and CORS are added by the app's one send wrapper.
         response_headers=headers,
         abort=call.exchange.drop_connection,
+        # An audio body's format may be in its head alone (audio/pcm;rate=…).
+        on_head=_head_reader(dialect) if api.endpoint.exchange == "audio" else None,
     )
     producer = BodyProducer(body, services.blobs)
     attempt = call.attempt = Attempt(dialect, relay, producer)
@@ -116,6 +162,7 @@ async def _attempt(
             size=body.size,
             accept=api.endpoint.exchange,
             traceparent=traceparent,
+            rejection=api.endpoint.worker_rejection,
         )
         timings.head_at = now()
         return stream
@@ -131,10 +178,39 @@ async def _attempt(
         await relay.end(call.send)
         return
     await relay.collect(opener)
+    if not final:
+        return
+    if dialect.report().media_usage is not None:
+        # Images and audio: no tokens to settle; their usage is in the answer.
+        await keep_files(call, dialect)
+        await relay.reply(call.send, dialect.answer({}), rate_headers)
+        return
     usage = call.usage = usage_of(dialect, plan)
     answer = dialect.answer(public_usage(usage, full=plan.full_usage))
     await keep_response(call, dialect, plan)
     await relay.reply(call.send, answer, {**rate_headers, "x-usage-source": usage.source})
+
+
+def _head_reader(dialect: Dialect) -> Callable[[bytes], None]:
+    def on_head(content_type: bytes) -> None:
+        # The current call's source (a plan's later calls get fresh ones).
+        cast(HeadReader, dialect.source).receive_head(content_type)
+
+    return on_head
+
+
+async def keep_files(call: Call, dialect: Dialect) -> None:
+    """Store the outputs a ``url`` answer links to as the tenant's files (spec
+    §23) and fill in their signed links, before the answer names them."""
+    files = dialect.report().files
+    if not files:
+        return
+    services = call.services
+    for output in files:
+        stored = await services.files.put(
+            call.tenant.name, output.data, output.name, output.media_type
+        )
+        output.url = services.links.link(stored.id)
 
 
 def prompt_token_bound(body: Layout, plan: Plan) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from gateway.config import GatewayConfig, LimitsConfig, StagingConfig
 from gateway.config.policy import Modality, PolicyLimits, Tenant, TenantPolicy, resolve_limits
 from gateway.core.body import Layout
 from gateway.core.errors import GatewayError
+from gateway.core.signed_urls import LinkSigner
 from gateway.observe.access import RequestInfo
 from gateway.observe.metrics import GatewayMetrics
 from gateway.pipeline.call import Attempt, Call, Routed
@@ -31,7 +33,7 @@ from gateway.pipeline.timings import Timings
 from gateway.ratelimit.base import Hold
 from gateway.ratelimit.core import TenantLimits
 from gateway.types import Message
-from gateway.upstream.base import Accept, WorkerStream
+from gateway.upstream.base import Accept, Rejection, WorkerStream
 from gateway.upstream.table import Resolved, RouteReadiness, RouteTable, Worker
 
 SSE_DIR = Path(__file__).resolve().parents[2] / "fixtures" / "sse"
@@ -53,8 +55,15 @@ class FakeUpstream:
     read in order; without :meth:`finish` (or ``end=True``) the next read waits
     forever, like a worker that went silent."""
 
-    def __init__(self, pieces: Iterable[bytes] = (), *, end: bool = True) -> None:
+    def __init__(
+        self,
+        pieces: Iterable[bytes] = (),
+        *,
+        end: bool = True,
+        content_type: bytes = b"text/event-stream",
+    ) -> None:
         self._queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
+        self.content_type = content_type
         self.closed = False
         self.close_calls = 0
         self.reads = 0
@@ -276,7 +285,34 @@ def make_services(
         metrics=GatewayMetrics(),
         staging=config.staging if config is not None else StagingConfig(),
         blobs=no_blobs(),
+        files=FakeFiles(),
+        links=LinkSigner("https://gw.test", LINK_KEY, 3600),
     )
+
+
+#: the link key of the fake services (32 bytes)
+LINK_KEY = b"k" * 32
+
+
+@dataclass(frozen=True)
+class FakeFile:
+    id: str
+    tenant: str
+    data: bytes
+    name: str
+    media_type: str
+
+
+class FakeFiles:
+    """Tenant files in memory (``TenantFiles``): what was stored, in order."""
+
+    def __init__(self) -> None:
+        self.stored: list[FakeFile] = []
+
+    async def put(self, tenant: str, data: bytes, name: str, media_type: str) -> FakeFile:
+        stored = FakeFile(f"file_fake{len(self.stored):08d}", tenant, data, name, media_type)
+        self.stored.append(stored)
+        return stored
 
 
 class AllReady:
@@ -349,7 +385,7 @@ async def run_steps(call: Call) -> None:
     from gateway.pipeline import steps
 
     assert call.plan is not None
-    routed = steps.resolve(call, call.plan)
+    routed = steps.resolve(call, call.plan, ChatApi.endpoint)
     async with asyncio.timeout(5):
         await steps.run(call, routed, ChatApi(), call.plan)
 
@@ -368,6 +404,7 @@ class FakeTransport:
         size: int | None = None,
         accept: Accept = "sse",
         traceparent: bytes | None = None,
+        rejection: Rejection = "classified",
     ) -> WorkerStream:
         raise NotImplementedError
 

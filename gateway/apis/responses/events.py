@@ -42,7 +42,7 @@ from typing import Any
 
 import orjson
 
-from gateway.apis.base import OutputText, Plan, Report, StreamBounds, TextNul
+from gateway.apis.base import OneCall, OutputText, Plan, Report, StreamBounds, TextNul
 from gateway.apis.chat.answer import worker_text
 from gateway.apis.chat.grammar import DONE_FRAME
 from gateway.apis.responses.fill import (
@@ -294,7 +294,7 @@ class ResponsesValidator(StreamValidator[ResponseEvent]):
 _OUTCOMES = {"response.completed": "complete", "response.failed": "upstream_error"}
 
 
-class ResponsesDialect:
+class ResponsesDialect(OneCall):
     """One Responses answer, for a streaming or a non-streaming caller."""
 
     terminal_frame = DONE_FRAME

@@ -1,0 +1,129 @@
+"""Interim tenant files: what a ``url`` image answer links to (spec §23).
+
+Spec §22's file store (per tenant, on the state store, ``GET
+/v1/files/{id}[/content]`` and ``DELETE``) is built for agents beside this
+one; until it lands, :class:`InterimFiles` keeps just what the image links
+need, behind the same small protocol the pipeline uses
+(``pipeline/services.py`` ``TenantFiles``: ``put(tenant, bytes, name, mime)``
+→ a record with ``id``), so it can be swapped for that store without a
+change elsewhere.
+
+Rules:
+
+- A file is ``<dir>/<id>`` with its record beside it (``<id>.json``: tenant,
+  name, media type, bytes, created); both written to a temporary name and
+  renamed, mode 0640 (never world-readable), in a worker thread.
+- Ids are ``file_`` + 128 random bits (URL-safe base64): unguessable, and a
+  link's signature names one.
+- A file lives ``keep_s`` (the links' TTL): past it :meth:`get` does not see
+  it, and each :meth:`put` looks at most :data:`_SCAN` directory entries and
+  removes at most :data:`_SWEEP` expired files (bounded work per request; a
+  quiet gateway keeps what expired until the next put).
+- Errors are the store's: ``state_unavailable`` when the disk refuses (a full
+  volume, spec §24), never a path in a message or a log line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import anyio.to_thread
+
+from gateway.core.errors import GatewayError
+from gateway.core.signed_urls import FILE_ID
+
+log = logging.getLogger("gateway.files")
+#: expired files removed per put, and directory entries looked at for them
+_SWEEP = 64
+_SCAN = 1024
+_MODE = 0o640
+
+
+@dataclass(frozen=True, slots=True)
+class FileRecord:
+    id: str
+    tenant: str
+    name: str
+    media_type: str
+    bytes: int
+    created: int
+
+
+class InterimFiles:
+    def __init__(self, root: Path, keep_s: int) -> None:
+        self.root = root
+        self.keep_s = keep_s
+
+    async def put(self, tenant: str, data: bytes, name: str, media_type: str) -> FileRecord:
+        file_id = "file_" + secrets.token_urlsafe(16)
+        record = FileRecord(file_id, tenant, name, media_type, len(data), int(time.time()))
+        try:
+            await anyio.to_thread.run_sync(self._put, record, data)
+        except OSError as exc:
+            log.warning("files: a file could not be written (%s)", type(exc).__name__)
+            raise GatewayError("state_unavailable") from exc
+        return record
+
+    async def get(self, file_id: str) -> tuple[FileRecord, bytes] | None:
+        """The file and its bytes, or None (unknown, malformed id, or expired)."""
+        if FILE_ID.fullmatch(file_id) is None:
+            return None
+        try:
+            return await anyio.to_thread.run_sync(self._get, file_id)
+        except OSError as exc:
+            log.warning("files: a file could not be read (%s)", type(exc).__name__)
+            raise GatewayError("state_unavailable") from exc
+
+    # -- in a worker thread ---------------------------------------------------
+
+    def _put(self, record: FileRecord, data: bytes) -> None:
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o750)
+        self._write(self.root / record.id, data)
+        self._write(self.root / f"{record.id}.json", json.dumps(asdict(record)).encode())
+        self._sweep()
+
+    def _write(self, path: Path, data: bytes) -> None:
+        temp = path.with_name(path.name + ".part")
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, _MODE)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, path)
+
+    def _get(self, file_id: str) -> tuple[FileRecord, bytes] | None:
+        try:
+            meta = json.loads((self.root / f"{file_id}.json").read_bytes())
+            record = FileRecord(**meta)
+            if record.created + self.keep_s <= time.time():
+                return None
+            return record, (self.root / file_id).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def _sweep(self) -> None:
+        deadline = time.time() - self.keep_s
+        removed = 0
+        with os.scandir(self.root) as entries:
+            for seen, entry in enumerate(entries):
+                if removed >= _SWEEP or seen >= _SCAN:
+                    break
+                if not entry.name.endswith(".json"):
+                    continue
+                try:
+                    if entry.stat().st_mtime > deadline:
+                        continue
+                    os.unlink(self.root / entry.name.removesuffix(".json"))
+                    os.unlink(entry.path)
+                except FileNotFoundError:
+                    continue  # another replica swept it first
+                removed += 1

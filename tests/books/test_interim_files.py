@@ -1,0 +1,63 @@
+"""The interim tenant files behind url image links (spec §23): written 0640 under
+random ids, read back until they expire, expired ones swept a bounded few at a time."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from gateway.books.interim_files import InterimFiles
+from gateway.core.errors import GatewayError
+from gateway.core.signed_urls import FILE_ID
+
+
+async def test_a_file_is_kept_and_read_back(tmp_path: Path) -> None:
+    files = InterimFiles(tmp_path / "files", keep_s=60)
+    record = await files.put("acme", b"\x89PNG data", "image-1.png", "image/png")
+    assert FILE_ID.fullmatch(record.id) and record.bytes == 9
+    found = await files.get(record.id)
+    assert found is not None
+    got, data = found
+    assert (got.tenant, got.name, got.media_type, data) == (
+        "acme",
+        "image-1.png",
+        "image/png",
+        b"\x89PNG data",
+    )
+    for path in (tmp_path / "files").iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) & 0o007 == 0  # nothing for others
+    other = await files.put("acme", b"x", "image-2.png", "image/png")
+    assert other.id != record.id
+
+
+@pytest.mark.parametrize("file_id", ["file_nope12345678", "../../etc/passwd", "file_", ""])
+async def test_unknown_or_malformed_ids_are_none(tmp_path: Path, file_id: str) -> None:
+    files = InterimFiles(tmp_path, keep_s=60)
+    assert await files.get(file_id) is None
+
+
+async def test_expired_files_are_not_read_and_are_swept(tmp_path: Path) -> None:
+    files = InterimFiles(tmp_path / "f", keep_s=60)
+    old = await files.put("acme", b"old", "a.png", "image/png")
+    # Age it past keep_s: its record says when it was made, the sweep reads mtimes.
+    meta = tmp_path / "f" / f"{old.id}.json"
+    meta.write_text(meta.read_text().replace(str(old.created), str(old.created - 61)))
+    past = time.time() - 120
+    os.utime(meta, (past, past))
+    assert await files.get(old.id) is None
+    await files.put("acme", b"new", "b.png", "image/png")
+    assert not (tmp_path / "f" / old.id).exists() and not meta.exists()
+
+
+async def test_a_disk_that_refuses_is_state_unavailable(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_bytes(b"")
+    files = InterimFiles(blocker / "files", keep_s=60)
+    with pytest.raises(GatewayError) as caught:
+        await files.put("acme", b"x", "a.png", "image/png")
+    assert caught.value.code == "state_unavailable"
+    assert str(blocker) not in caught.value.message
