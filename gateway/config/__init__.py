@@ -1,7 +1,7 @@
 """One typed config object (spec §3, §15), split by subsystem.
 
 Each module of this package holds one subsystem's frozen pydantic models:
-``base`` the shared model and field types, ``listen``, ``launch``, ``upstream``,
+``base`` the shared model and field types, ``listen``, ``launch``, ``upstream``, ``agents``,
 ``auth``, ``staging``, ``limits``, ``observe``, ``responses``, ``media`` (images,
 speech and the public base URL), and ``gateway``
 the whole :class:`GatewayConfig`; this package re-exports every public name so
@@ -11,6 +11,13 @@ and ``gateway.types``.
 
 from __future__ import annotations
 
+from gateway.config.agents import (
+    AgentFiles,
+    AgentWeb,
+    GatewayAgents,
+    PolicyAgents,
+    RouteAgents,
+)
 from gateway.config.auth import AuthConfig, IssuerConfig
 from gateway.config.base import Hex64, Model, PositiveFloat, PositiveInt, RelPath
 from gateway.config.gateway import GatewayConfig
@@ -37,10 +44,13 @@ __all__ = [
     "PROBED_KINDS",
     "UPSTREAM_NAME",
     "AdmissionConfig",
+    "AgentFiles",
+    "AgentWeb",
     "AuditConfig",
     "AuthConfig",
     "ConfirmCancelConfig",
     "CorsConfig",
+    "GatewayAgents",
     "GatewayConfig",
     "Hex64",
     "ImagesConfig",
@@ -54,11 +64,13 @@ __all__ = [
     "MetricsListen",
     "Model",
     "ModelLaunch",
+    "PolicyAgents",
     "PositiveFloat",
     "PositiveInt",
     "ProbeConfig",
     "RelPath",
     "ResponsesConfig",
+    "RouteAgents",
     "RouteEntry",
     "RouteKind",
     "ServerConfig",

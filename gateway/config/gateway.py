@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
+from gateway.config.agents import GatewayAgents
 from gateway.config.auth import AuthConfig
 from gateway.config.base import Model, RelPath
 from gateway.config.limits import AdmissionConfig, LimitsConfig, LimitsStoreConfig
@@ -79,6 +80,10 @@ class GatewayConfig(Model):
     )
     speech: SpeechConfig = Field(
         SpeechConfig(), description="POST /v1/audio/speech: input and output bounds (§23)."
+    )
+    agents: GatewayAgents = Field(
+        GatewayAgents(),
+        description="Agents (§22): the session key, pinned names, ceilings of policies' agents.",
     )
 
     @model_validator(mode="after")

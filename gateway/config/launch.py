@@ -8,9 +8,78 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from gateway.config.base import Hex64, Model, PositiveInt
+
+#: Flags that turn on the worker's agents, tools, MCP or their sandbox. They come
+#: from a route's ``agents`` section only (spec §22), never from ``extra_args``.
+AGENT_FLAG_PREFIXES = (
+    "--agent",
+    "--enable-search",
+    "--enable-code-execution",
+    "--enable-shell",
+    "--max-tool-rounds",
+    "--tool-",
+    "--mcp",
+    "--sandbox",
+    "--search",
+    "--code-exec",
+    "--shell",
+    "--skills",
+)
+#: Flags the launch contract writes itself, or that it never launches (request
+#: logs, the UI, adapters): not for ``extra_args`` either.
+CONTRACT_FLAG_PREFIXES = (
+    "--host",
+    "--port",
+    "--no-ui",
+    "--ui",
+    "--log",
+    "--access-log",
+    "--format",
+    "--quantized",
+    "--model-id",
+    "--max-seqs",
+    "--max-seq-len",
+    "--max-batch-size",
+    "--paged-attn",
+    "--prefix-cache-n",
+    "--max-num-images",
+    "--max-edge",
+    "--cpu",
+    "--lora",
+    "--enable-",
+)
+
+
+def _extra_arg(token: str) -> str:
+    """One ``extra_args`` token: a value, or a long flag the contract leaves open.
+    A refusal names the flag family, never the token (it may hold a value)."""
+    if not token.startswith("-"):
+        return token
+    name = token.split("=", 1)[0]
+    for prefix in AGENT_FLAG_PREFIXES:
+        if name.startswith(prefix):
+            raise ValueError(
+                f"agents_flag_forbidden: {prefix}… flags are never launched from extra_args; "
+                "declare the worker's tools under its `agents` section"
+            )
+    if not name.startswith("--"):
+        raise ValueError("short flags are not allowed in extra_args")
+    for prefix in CONTRACT_FLAG_PREFIXES:
+        if name.startswith(prefix):
+            raise ValueError(f"{prefix}… is set by the launch contract or never launched")
+    return token
+    name = token.split("=", 1)[0]
+    if name.startswith(AGENT_FLAG_PREFIXES):
+        raise ValueError(
+            f"agents_flag_forbidden: {name} is never launched from extra_args; declare "
+            "the worker's tools under its `agents` section"
+        )
+    if not name.startswith("--") or name.startswith(CONTRACT_FLAG_PREFIXES):
+        raise ValueError(f"{name} is set by the launch contract or never launched")
+    return token
 
 
 def _digest_addressed(model_dir: str, bundle: str) -> None:
@@ -143,6 +212,13 @@ class LaunchConfig(Model):
             "`cpu` adds --cpu; `cuda` and `metal` use what the pinned binary was built for."
         ),
     )
+    extra_args: list[Annotated[str, AfterValidator(_extra_arg)]] | None = Field(
+        None,
+        description=(
+            "One-model launch: further `serve` flags, appended as given; never the contract's "
+            "own flags, nor agentic ones (`agents_flag_forbidden`)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _one_or_many(self) -> LaunchConfig:
@@ -157,6 +233,8 @@ class LaunchConfig(Model):
                 raise ValueError("give either the model_* fields or models, not both")
             if self.format != "plain":
                 raise ValueError("with models, give each model its format")
+            if self.extra_args is not None:
+                raise ValueError("extra_args is for a one-model launch (`mistralrs serve`)")
             if not self.models:
                 raise ValueError("models must name at least one model")
             dirs = [m.model_dir for m in self.models]

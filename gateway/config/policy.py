@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 
 from gateway.config import GatewayConfig, Hex64, LimitsConfig, Model, PositiveFloat, PositiveInt
+from gateway.config.agents import PolicyAgents
 from gateway.config.releases import RELEASE_PREFIX
 
 Endpoint = Literal[
@@ -215,6 +216,13 @@ class TenantPolicy(Model):
             "Issuer values whose tokens may act for this tenant (absent: any configured issuer)."
         ),
     )
+    agents: PolicyAgents | None = Field(
+        None,
+        description=(
+            "The tools this tenant may have the worker run (spec §22); absent: every agentic "
+            "field is unsupported_field."
+        ),
+    )
 
     @field_validator("models")
     @classmethod
@@ -317,6 +325,44 @@ def check_policy(policy: TenantPolicy, stem: str, config: GatewayConfig) -> list
     for index, issuer in enumerate(policy.issuers or []):
         if issuer not in configured:
             problems.append((f"issuers.{index}", "is not a configured auth issuer"))
+    if policy.agents is not None:
+        problems += _agents_problems(policy, config)
+    return problems
+
+
+def _agents_problems(policy: TenantPolicy, config: GatewayConfig) -> list[tuple[str, str]]:
+    """The policy's agents against the gateway's ceilings and the rounds of
+    every agentic route its aliases reach (a release reaches both arms)."""
+    agents = policy.agents
+    assert agents is not None
+    ceilings = config.agents
+    problems: list[tuple[str, str]] = []
+    for key, own, ceiling in (
+        ("agents.max_run_s", agents.max_run_s, ceilings.max_run_s),
+        (
+            "agents.reserve_tokens_per_round",
+            agents.reserve_tokens_per_round,
+            ceilings.max_reserve_tokens_per_round,
+        ),
+        ("agents.files.max_bytes", agents.files.max_bytes, ceilings.files.max_bytes),
+        ("agents.files.max_count", agents.files.max_count, ceilings.files.max_count),
+    ):
+        if own > ceiling:
+            problems.append((key, f"{own} exceeds the gateway's ceiling {ceiling}"))
+    served = config.routes
+    arms = {RELEASE_PREFIX + r.name: (r.stable, r.canary) for r in config.releases}
+    for target in policy.models.values():
+        for route in arms.get(target, (target,)):
+            worker = served.get(route)
+            route_agents = worker.agents if worker is not None else None
+            if route_agents is not None and agents.max_tool_rounds > route_agents.max_tool_rounds:
+                problems.append(
+                    (
+                        "agents.max_tool_rounds",
+                        f"{agents.max_tool_rounds} exceeds route {route}'s max_tool_rounds "
+                        f"{route_agents.max_tool_rounds}",
+                    )
+                )
     return problems
 
 

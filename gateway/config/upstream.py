@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
+from gateway.config.agents import RouteAgents
 from gateway.config.base import Model, PositiveFloat, PositiveInt
 from gateway.config.launch import LaunchConfig
 from gateway.core.sse import Framing
@@ -182,6 +183,13 @@ class UpstreamConfig(Model):
         None,
         description="The pinned worker launch (`launch-plan`); absent: the worker is external.",
     )
+    agents: RouteAgents | None = Field(
+        None,
+        description=(
+            "The tools this worker runs for tenants (spec §22); absent: no agentic flag is "
+            "launched and agentic requests to its routes are refused."
+        ),
+    )
 
     @field_validator("base_url")
     @classmethod
@@ -217,6 +225,10 @@ class UpstreamConfig(Model):
                 )
             if media and self.launch.format != "plain":
                 raise ValueError("a speech or image route's launch takes format plain")
+            if self.agents is not None and self.launch.models is not None:
+                raise ValueError("agents need a one-model launch (`mistralrs serve`)")
+        if self.agents is not None and {"speech", "image"} & set(self.route_kinds.values()):
+            raise ValueError("agents need chat routes (a speech or image route runs no tools)")
         return self
 
     @property

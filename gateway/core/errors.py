@@ -27,6 +27,7 @@ ErrorCode = Literal[
     "modality_not_allowed",
     "admission_weight_exceeded",
     "upstream_rejected",
+    "approval_requires_events",
     "model_not_capable",
     "missing_credentials",
     "invalid_token",
@@ -35,12 +36,16 @@ ErrorCode = Literal[
     "endpoint_not_allowed",
     "issuer_not_allowed",
     "evidence_quota_exceeded",
+    "tool_not_allowed",
     "model_not_found",
     "evidence_not_found",
     "response_not_found",
     "not_found",
+    "approval_not_found",
+    "file_not_found",
     "method_not_allowed",
     "evidence_in_use",
+    "approval_resolved",
     "request_timeout",
     "body_too_large",
     "unsupported_media_type",
@@ -60,6 +65,7 @@ ErrorCode = Literal[
     "limits_unavailable",
     "state_unavailable",
     "upstream_timeout",
+    "agent_run_timeout",
     "http_version_not_supported",
 ]
 
@@ -75,6 +81,7 @@ _CODES: dict[ErrorCode, tuple[int, str]] = {
     "modality_not_allowed": (400, "invalid_request_error"),
     "admission_weight_exceeded": (400, "invalid_request_error"),
     "upstream_rejected": (400, "invalid_request_error"),
+    "approval_requires_events": (400, "invalid_request_error"),
     "model_not_capable": (400, "invalid_request_error"),
     "missing_credentials": (401, "authentication_error"),
     "invalid_token": (401, "authentication_error"),
@@ -83,12 +90,16 @@ _CODES: dict[ErrorCode, tuple[int, str]] = {
     "endpoint_not_allowed": (403, "permission_error"),
     "issuer_not_allowed": (403, "permission_error"),
     "evidence_quota_exceeded": (403, "permission_error"),
+    "tool_not_allowed": (403, "permission_error"),
     "model_not_found": (404, "not_found_error"),
     "evidence_not_found": (404, "not_found_error"),
     "response_not_found": (404, "not_found_error"),
     "not_found": (404, "not_found_error"),
+    "approval_not_found": (404, "not_found_error"),
+    "file_not_found": (404, "not_found_error"),
     "method_not_allowed": (405, "invalid_request_error"),
     "evidence_in_use": (409, "invalid_request_error"),
+    "approval_resolved": (409, "invalid_request_error"),
     "request_timeout": (408, "invalid_request_error"),
     "body_too_large": (413, "invalid_request_error"),
     "unsupported_media_type": (415, "invalid_request_error"),
@@ -108,6 +119,7 @@ _CODES: dict[ErrorCode, tuple[int, str]] = {
     "limits_unavailable": (503, "server_error"),
     "state_unavailable": (503, "server_error"),
     "upstream_timeout": (504, "upstream_timeout"),
+    "agent_run_timeout": (504, "server_error"),
     "http_version_not_supported": (505, "invalid_request_error"),
 }
 
@@ -118,6 +130,8 @@ _DEFAULT_OUTCOME: dict[ErrorCode, str] = {
     "upstream_rejected": "upstream_error",
     "upstream_timeout": "incomplete",
     "upstream_unavailable": "incomplete",
+    # spec §24: max_run_s ends the run; the receipt says the worker ran out of time
+    "agent_run_timeout": "upstream_timeout",
 }
 
 _DEFAULT_MESSAGES: dict[ErrorCode, str] = {
@@ -149,6 +163,14 @@ _DEFAULT_MESSAGES: dict[ErrorCode, str] = {
     "audit_unavailable": "Receipts cannot be written right now; try again later.",
     "limits_unavailable": "Rate limits cannot be checked right now; try again later.",
     "state_unavailable": "The shared state store is unavailable right now; try again later.",
+    "tool_not_allowed": "The tenant may not have the worker run this tool.",
+    "approval_requires_events": (
+        "Approval by the caller needs a stream with agent events (x-agent-events: 1)."
+    ),
+    "approval_not_found": "No such pending approval.",
+    "approval_resolved": "The approval was already decided.",
+    "file_not_found": "No such file.",
+    "agent_run_timeout": "The agent run exceeded its time limit.",
     "model_not_capable": "The model cannot serve this request.",
 }
 

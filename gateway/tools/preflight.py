@@ -6,7 +6,7 @@ of a traceback from deep inside the TLS setup.
 
 Theory of operation:
 
-* Each check returns :class:`Finding` values (``error`` or ``warning``),
+* Each check returns :class:`~gateway.tools.findings.Finding` values (``error`` or ``warning``),
   each naming the config key (``listen.tls.certfile``,
   ``auth.issuers[0].jwks_file``…) and the file it is about. A finding never
   carries a file's contents or a secret's value: problems are fixed phrases
@@ -23,6 +23,8 @@ Theory of operation:
   ancestor is a writable directory.
 * Placeholder digests (``gateway.core.digests``) in every ``launch`` block and in
   policies' ``api_keys`` are warnings: well-formed, so never fatal.
+* Agents (``preflight_agents.py``): the session key when a route has
+  agents, and each route's MCP client config.
 * A pinned worker that keeps a prefix cache (``launch.prefix_cache_n`` > 0)
   for a route more than one tenant's policy names is a warning (spec §21):
   a prefix another tenant sent shortens the time to first token, so a
@@ -38,7 +40,6 @@ import ssl
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
@@ -60,33 +61,14 @@ from gateway.config.releases import RELEASE_PREFIX
 from gateway.core.digests import placeholder_reason
 from gateway.core.signed_urls import MIN_KEY_BYTES
 from gateway.ratelimit.factory import store_password
+from gateway.tools.findings import Finding as Finding
+from gateway.tools.findings import error as _error
+from gateway.tools.findings import read_bounded
+from gateway.tools.findings import warning as _warning
+from gateway.tools.preflight_agents import check_agents
 
-Level = Literal["error", "warning"]
 #: far above any certificate chain or CA bundle an operator would configure
 MAX_PEM_BYTES = 4 * 1024 * 1024
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    level: Level
-    #: the config key, dotted (``listen.tls.keyfile``, ``api_keys[0].sha256``)
-    key: str
-    #: a fixed phrase; never file contents or a secret
-    problem: str
-    #: the file the finding is about, when there is one
-    path: Path | None = None
-
-    def __str__(self) -> str:
-        where = f"{self.path}: " if self.path is not None else ""
-        return f"{self.key}: {where}{self.problem}"
-
-
-def _error(key: str, problem: str, path: Path | None = None) -> Finding:
-    return Finding("error", key, problem, path)
-
-
-def _warning(key: str, problem: str, path: Path | None = None) -> Finding:
-    return Finding("warning", key, problem, path)
 
 
 def preflight(config: GatewayConfig, env: Mapping[str, str]) -> list[Finding]:
@@ -123,6 +105,7 @@ def preflight(config: GatewayConfig, env: Mapping[str, str]) -> list[Finding]:
             )
         )
     findings += launch_digest_warnings(config)
+    findings += check_agents(config, env)
     return findings
 
 
@@ -137,14 +120,7 @@ def _read(
     key: str, path: Path, limit: int = MAX_PEM_BYTES, limit_name: str | None = None
 ) -> tuple[bytes | None, Finding | None]:
     """The file's bytes, or the finding; ``limit_name`` names a configured limit."""
-    try:
-        with path.open("rb") as fh:
-            data = fh.read(limit + 1)
-    except OSError as exc:
-        return None, _error(key, f"cannot read ({type(exc).__name__})", path)
-    if len(data) > limit:
-        return None, _error(key, f"larger than {limit_name or f'{limit} bytes'}", path)
-    return data, None
+    return read_bounded(key, path, limit, limit_name)
 
 
 class _EncryptedKey(Exception):

@@ -20,6 +20,21 @@ passes ``--no-ui``, and is checked against a denylist before it is returned,
 so a later edit here cannot quietly turn on agent tools, search, code or
 shell execution, MCP, LoRA, tool dispatch or request logging.
 
+Agents (spec §22, §24) come only from the route's ``agents`` section, as the
+argv's last flags (:func:`agent_flags`): without it the plan is exactly the
+one above (no agentic flag, no ``--agent-permission``); with it always
+``--agent-permission ask``, then ``--enable-code-execution --sandbox on
+--sandbox-network none`` for ``python``, ``--mcp-config <path>`` for
+``mcp_config``, and ``--max-tool-rounds N``; ``web_search`` needs no flag
+(the worker fetches the web on any request that asks). Never ``--mcp-port``,
+``--tool-dispatch-url``, ``--enable-shell`` or ``--agent``. The denylist
+accepts the agentic tail only when it is exactly what the route declares.
+``launch.extra_args`` (one-model launches) follow the contract's flags and
+pass the same denylist; the config refuses agentic ones there
+(``agents_flag_forbidden``). A route with agents has them in its identity
+(``"agents"`` beside the launch object); one without keeps the identity it
+had.
+
 Flags per pinned version (reference §9/§10; an assumption where marked):
 
 ============================  ================================================
@@ -67,7 +82,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.config import GatewayConfig, LaunchConfig, RouteKind, UpstreamConfig
+from gateway.config import GatewayConfig, LaunchConfig, RouteAgents, RouteKind, UpstreamConfig
 
 BINARY = "mistralrs"
 LOOPBACK = "127.0.0.1"
@@ -143,19 +158,41 @@ class LaunchPlan:
 DEFAULT_CONFIG_PATH = "/etc/mistralrs/models.toml"
 
 
-def launch_dict(launch: LaunchConfig, kind: RouteKind = "chat") -> dict[str, Any]:
+def launch_dict(
+    launch: LaunchConfig, agents: RouteAgents | None = None, kind: RouteKind = "chat"
+) -> dict[str, Any]:
     out = launch.model_dump(mode="json", exclude_none=True)
+    if agents is not None:
+        # What the worker runs is part of what it is: a route with agents has
+        # another identity than the same launch without (and none changes
+        # for a route without).
+        out["agents"] = agents.model_dump(mode="json", exclude_none=True)
     if kind in SUBCOMMANDS:
         # Another program is served: another identity (chat and embeddings keep theirs).
         out["kind"] = kind
     return out
 
 
-def serve_identity(launch: LaunchConfig, kind: RouteKind = "chat") -> str:
+def serve_identity(
+    launch: LaunchConfig, agents: RouteAgents | None = None, kind: RouteKind = "chat"
+) -> str:
     canonical = json.dumps(
-        launch_dict(launch, kind), sort_keys=True, separators=(",", ":"), ensure_ascii=True
+        launch_dict(launch, agents, kind), sort_keys=True, separators=(",", ":"), ensure_ascii=True
     )
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def agent_flags(agents: RouteAgents | None) -> list[str]:
+    """The argv's agentic tail for a route's ``agents`` (empty without)."""
+    if agents is None:
+        return []
+    flags = ["--agent-permission", "ask"]
+    if agents.python:
+        flags += ["--enable-code-execution", "--sandbox", "on", "--sandbox-network", "none"]
+    if agents.mcp_config is not None:
+        flags += ["--mcp-config", agents.mcp_config]
+    flags += ["--max-tool-rounds", str(agents.max_tool_rounds)]
+    return flags
 
 
 def launch_kind(upstream: UpstreamConfig) -> RouteKind:
@@ -178,8 +215,12 @@ def _check_version(launch: LaunchConfig) -> tuple[int, int, int]:
     return version
 
 
-def build_argv(launch: LaunchConfig, kind: RouteKind = "chat") -> list[str]:
+def build_argv(
+    launch: LaunchConfig, agents: RouteAgents | None = None, kind: RouteKind = "chat"
+) -> list[str]:
     if launch.models is not None:
+        if agents is not None:
+            raise UnsafeLaunchError("agents need a one-model launch (`mistralrs serve`)")
         if kind in SUBCOMMANDS:
             raise UnsafeLaunchError("speech and image routes need a one-model launch")
         _check_version(launch)
@@ -193,7 +234,10 @@ def build_argv(launch: LaunchConfig, kind: RouteKind = "chat") -> list[str]:
         argv += ["--access-log-format", "json"]
     subcommand = SUBCOMMANDS.get(kind)
     if subcommand is not None:
-        argv += _model_type_argv(launch, subcommand)
+        if agents is not None:
+            raise UnsafeLaunchError("agents need a chat route, not a speech or image one")
+        # extra_args after the model type's flags: where clap reads that model's options.
+        argv += _model_type_argv(launch, subcommand) + (launch.extra_args or [])
         check_argv(argv)
         return argv
     argv += ["-m", launch.model_dir, "--format", launch.format]
@@ -218,7 +262,9 @@ def build_argv(launch: LaunchConfig, kind: RouteKind = "chat") -> list[str]:
     ]
     if launch.device == "cpu":
         argv.append("--cpu")
-    check_argv(argv)
+    argv += launch.extra_args or []
+    argv += agent_flags(agents)
+    check_argv(argv, agents)
     return argv
 
 
@@ -322,8 +368,16 @@ def _check_toml(text: str) -> None:
         raise UnsafeLaunchError("the worker must bind 127.0.0.1 with no UI")
 
 
-def check_argv(argv: list[str]) -> None:
-    """Defence in depth: raise UnsafeLaunchError unless argv keeps the launch invariants."""
+def check_argv(argv: list[str], agents: RouteAgents | None = None) -> None:
+    """Defence in depth: raise UnsafeLaunchError unless argv keeps the launch invariants.
+
+    With ``agents``, the argv must end with exactly :func:`agent_flags` of
+    them; every flag before that tail passes the denylist."""
+    tail = agent_flags(agents)
+    if tail:
+        if argv[-len(tail) :] != tail:
+            raise UnsafeLaunchError("the agentic flags must be exactly the route's agents")
+        argv = argv[: -len(tail)]
     if argv[:1] != [BINARY] or len(argv) < 2 or argv[1] not in _COMMANDS:
         raise UnsafeLaunchError(f"argv must start with {BINARY!r} 'serve' or 'from-config'")
     if argv[1] == "from-config":
@@ -346,11 +400,13 @@ def check_argv(argv: list[str]) -> None:
         raise UnsafeLaunchError("the worker argv must pass --no-ui")
 
 
-def build_plan(launch: LaunchConfig, kind: RouteKind = "chat") -> LaunchPlan:
+def build_plan(
+    launch: LaunchConfig, agents: RouteAgents | None = None, kind: RouteKind = "chat"
+) -> LaunchPlan:
     return LaunchPlan(
-        argv=build_argv(launch, kind),
-        serve_identity=serve_identity(launch, kind),
-        launch=launch_dict(launch, kind),
+        argv=build_argv(launch, agents, kind),
+        serve_identity=serve_identity(launch, agents, kind),
+        launch=launch_dict(launch, agents, kind),
         from_config_toml=from_config_toml(launch) if launch.models is not None else None,
     )
 
@@ -362,9 +418,9 @@ def launch_plan_json(config: GatewayConfig) -> dict[str, Any]:
         launch = config.upstream.launch
         if launch is None:
             raise ValueError("upstream.launch is not configured")
-        return build_plan(launch, launch_kind(config.upstream)).to_json()
+        return build_plan(launch, config.upstream.agents, launch_kind(config.upstream)).to_json()
     plans = {
-        u.name: build_plan(u.launch, launch_kind(u)).to_json()
+        u.name: build_plan(u.launch, u.agents, launch_kind(u)).to_json()
         for u in config.workers
         if u.launch is not None
     }

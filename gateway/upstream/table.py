@@ -86,7 +86,9 @@ class RouteTable:
         for upstream in config.workers:
             admission = admissions[upstream.name]
             launch = upstream.launch
-            identity = serve_identity(launch, launch_kind(upstream)) if launch else None
+            identity = (
+                serve_identity(launch, upstream.agents, launch_kind(upstream)) if launch else None
+            )
             workers.append(
                 Worker(
                     config=upstream,

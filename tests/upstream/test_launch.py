@@ -305,8 +305,8 @@ def test_malformed_versions_are_refused_at_load(bad: str) -> None:
 # --- serve identity -----------------------------------------------------------------
 
 
-#: fields a one-model launch leaves unset (multi-model and gguf/ggml fields)
-OPTIONAL = {"quantized_file", "models", "config_path"}
+#: fields a one-model launch leaves unset (multi-model, gguf/ggml and extra_args fields)
+OPTIONAL = {"quantized_file", "models", "config_path", "extra_args"}
 
 
 def test_mutations_cover_every_field() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, RouteKind
 from gateway.upstream.launch import (
     UnsafeLaunchError,
     build_argv,
@@ -82,13 +82,13 @@ def test_a_media_kind_is_its_own_identity(kind: str) -> None:
     plan = _plan(kind)
     assert plan["launch"]["kind"] == kind
     assert plan["serve_identity"] == recipe({**LAUNCH, "kind": kind}) != recipe(LAUNCH)
-    assert serve_identity(make(), "speech") != serve_identity(make(), "image")
+    assert serve_identity(make(), kind="speech") != serve_identity(make(), kind="image")
 
 
 @pytest.mark.parametrize("kind", ["speech", "image"])
 @pytest.mark.parametrize("flag", FORBIDDEN[:4])
-def test_media_plans_pass_the_denylist(kind: str, flag: str) -> None:
-    assert flag not in build_argv(make(), kind)  # type: ignore[arg-type]
+def test_media_plans_pass_the_denylist(kind: RouteKind, flag: str) -> None:
+    assert flag not in build_argv(make(), kind=kind)
 
 
 def test_media_routes_refuse_a_multi_model_or_quantized_launch() -> None:
@@ -112,7 +112,7 @@ def test_media_routes_refuse_a_multi_model_or_quantized_launch() -> None:
             {"upstreams": [_upstream("image", format="gguf", quantized_file="m.gguf")]}
         )
     with pytest.raises(UnsafeLaunchError):
-        build_argv(make(format="gguf", quantized_file="m.gguf"), "speech")
+        build_argv(make(format="gguf", quantized_file="m.gguf"), kind="speech")
 
 
 def test_the_one_worker_shorthand_takes_a_route_with_a_kind() -> None:

@@ -1,5 +1,5 @@
 """``python -m gateway.testing.simulator``."""
 
-from gateway.testing.simulator.server import main
+from gateway.testing.simulator.cli import main
 
 raise SystemExit(main())

@@ -34,13 +34,13 @@ from gateway.testing.simulator.plans import (
     DONE_EVENT,
     INVALID_UTF8_MARK,
     NUL_TEXT,
+    STEP_TYPES,
     Envelope,
     Op,
     Pause,
     Shape,
     SseBody,
     Step,
-    StoreCommit,
     chunk_text,
     dump,
     envelope,
@@ -59,8 +59,33 @@ _ERROR_RAW = b"data: simulated engine error\n\n"
 
 
 @dataclass(frozen=True, slots=True)
+class Spent:
+    """What the earlier generations of an agentic run used, summed (agents.py): the
+    final chunk's usage aggregates them with its own, as the worker's loop does."""
+
+    generations: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    prompt_s: float = 0.0
+    completion_s: float = 0.0
+
+    def add(self, prompt: int, completion: int, seconds: tuple[float, float]) -> Spent:
+        return Spent(
+            self.generations + 1,
+            self.prompt_tokens + prompt,
+            self.completion_tokens + completion,
+            self.prompt_s + seconds[0],
+            self.completion_s + seconds[1],
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Ctx:
-    """One inference request, reduced to what shapes its response."""
+    """One inference request, reduced to what shapes its response.
+
+    ``session_id`` (an agentic run's) goes on the chunk that carries the
+    finish, after ``usage``; ``spent`` is added into the terminal usage.
+    """
 
     chat: bool
     stream: bool
@@ -71,6 +96,8 @@ class Ctx:
     max_tokens: int | None
     prompt_tokens: int
     request_id: str
+    session_id: str | None = None
+    spent: Spent = Spent()
 
     @property
     def id(self) -> str:
@@ -82,14 +109,22 @@ def _shape(ctx: Ctx) -> Shape:
     return shape(ctx.knobs, ctx.max_tokens, reasoning=ctx.chat)
 
 
-def _usage(ctx: Ctx, completion: int) -> dict[str, Any]:
-    # Synthetic but self-consistent timings, derived from the knobs so that
-    # identical requests give identical bytes.
-    k = ctx.knobs
-    prompt = ctx.prompt_tokens
+def seconds(knobs: SimKnobs, prompt: int, completion: int) -> tuple[float, float]:
+    """(prompt, completion) seconds of one generation: synthetic but self-consistent,
+    derived from the knobs so that identical requests give identical bytes."""
     prompt_s = max(0.001, round(prompt * 0.0005, 3))
-    gen_ms = k.first_delay_ms + k.delay_ms * max(completion - 1, 0) + 2.0 * completion
-    compl_s = max(0.001, round(gen_ms / 1000, 3))
+    gen_ms = knobs.first_delay_ms + knobs.delay_ms * max(completion - 1, 0) + 2.0 * completion
+    return prompt_s, max(0.001, round(gen_ms / 1000, 3))
+
+
+def _usage(ctx: Ctx, completion: int) -> dict[str, Any]:
+    k = ctx.knobs
+    spent = ctx.spent
+    prompt_s, compl_s = seconds(k, ctx.prompt_tokens, completion)
+    prompt = ctx.prompt_tokens + spent.prompt_tokens
+    completion += spent.completion_tokens
+    prompt_s = round(prompt_s + spent.prompt_s, 3)
+    compl_s = round(compl_s + spent.completion_s, 3)
     total_s = round(prompt_s + compl_s, 3)
     usage: dict[str, Any] = {
         "completion_tokens": completion,
@@ -110,7 +145,10 @@ def _usage(ctx: Ctx, completion: int) -> dict[str, Any]:
 def _terminal_usage(ctx: Ctx, tokens: int) -> dict[str, Any]:
     fault = ctx.knobs.fault
     if fault == "too_many_tokens":
-        return _usage(ctx, (ctx.max_tokens if ctx.max_tokens is not None else tokens) + 1)
+        # one over max_tokens a generation (an agentic run's bound: per round and the answer)
+        limit = ctx.max_tokens if ctx.max_tokens is not None else tokens
+        spent = ctx.spent
+        return _usage(ctx, limit * (spent.generations + 1) + 1 - spent.completion_tokens)
     usage = _usage(ctx, tokens)
     if fault == "bad_usage":
         usage["total_tokens"] += 1
@@ -119,34 +157,37 @@ def _terminal_usage(ctx: Ctx, tokens: int) -> dict[str, Any]:
 
 def _tool_calls(ctx: Ctx) -> list[dict[str, Any]]:
     call_id = f"call-{uuid.UUID(int=ctx.number)}"
-    function = {"name": "lookup", "arguments": '{"q":1}'}
+    k = ctx.knobs
+    function = {"name": k.tool_name or "lookup", "arguments": k.tool_arguments}
     return [{"index": 0, "id": call_id, "type": "function", "function": function}]
 
 
-def _chunk(
+def make_chunk(
     ctx: Ctx,
     content: str | None,
     finish: str | None,
     usage: dict[str, Any] | None,
     tool_calls: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    chunk: dict[str, Any]
+    body: dict[str, Any]
     if ctx.chat:
         delta = {"content": content, "role": "assistant", "tool_calls": tool_calls}
         choice = {"finish_reason": finish, "index": 0, "delta": delta, "logprobs": None}
-        chunk = {"id": ctx.id, "choices": [choice], "created": ctx.created, "model": ctx.model}
-        chunk.update(system_fingerprint="local", object="chat.completion.chunk", usage=usage)
+        body = {"id": ctx.id, "choices": [choice], "created": ctx.created, "model": ctx.model}
+        body.update(system_fingerprint="local", object="chat.completion.chunk", usage=usage)
     else:
         choice = {"text": content, "index": 0, "logprobs": None, "finish_reason": finish}
-        chunk = {"id": ctx.id, "choices": [choice], "created": ctx.created, "model": ctx.model}
-        chunk.update(system_fingerprint="local", object="text_completion")
+        body = {"id": ctx.id, "choices": [choice], "created": ctx.created, "model": ctx.model}
+        body.update(system_fingerprint="local", object="text_completion")
         if usage is not None:  # completions never stream usage; only faults put it here
-            chunk["usage"] = usage
+            body["usage"] = usage
     if ctx.knobs.extras and finish == "stop":
         choice["stop_sequence"] = "</sim>"
     if ctx.knobs.fault == "two_choices":
-        chunk["choices"].append({**choice, "index": 1})
-    return chunk
+        body["choices"].append({**choice, "index": 1})
+    if finish is not None and ctx.session_id is not None:
+        body["session_id"] = ctx.session_id
+    return body
 
 
 def _corrupt(ctx: Ctx, chunk: dict[str, Any]) -> None:
@@ -170,7 +211,7 @@ def _corrupt(ctx: Ctx, chunk: dict[str, Any]) -> None:
             choice["delta"]["content"] = value
 
 
-def _event(chunk: dict[str, Any]) -> bytes:
+def sse_chunk(chunk: dict[str, Any]) -> bytes:
     return b"data: " + dump(chunk) + b"\n\n"
 
 
@@ -182,7 +223,7 @@ _CHUNK_FAULTS = frozenset(
 )
 
 
-def _stream_body(ctx: Ctx) -> Iterator[bytes | Pause | Op]:
+def stream_body(ctx: Ctx) -> Iterator[bytes | Pause | Op]:
     """The SSE body of a streamed chat/completion, faults included, ending in an Op."""
     k = ctx.knobs
     fault = k.fault
@@ -206,9 +247,9 @@ def _stream_body(ctx: Ctx) -> Iterator[bytes | Pause | Op]:
     for i in range(sh.reasoning):
         if i and k.delay_ms:
             yield Pause(k.delay_ms / 1000)
-        thinking = _chunk(ctx, None, None, None)
+        thinking = make_chunk(ctx, None, None, None)
         thinking["choices"][0]["delta"]["reasoning_content"] = reasoning_text(i)
-        yield _event(thinking)
+        yield sse_chunk(thinking)
     for i in range(count + 1):
         if i == middle and fault in _MID_FAULTS:
             yield from mid_fault(
@@ -221,32 +262,33 @@ def _stream_body(ctx: Ctx) -> Iterator[bytes | Pause | Op]:
         if (i or sh.reasoning) and k.delay_ms:
             yield Pause(k.delay_ms / 1000)
         last = finish_on_last and i == count - 1
-        chunk = _chunk(ctx, chunk_text(k, i), finish if last else None, None)
+        chunk = make_chunk(ctx, chunk_text(k, i), finish if last else None, None)
         if last:
             chunk["usage"] = terminal_usage
         elif i == 0 and fault == "usage_early":
             chunk["usage"] = _usage(ctx, sh.tokens)
         if i == middle and fault in _CHUNK_FAULTS:
             _corrupt(ctx, chunk)
-        yield _event(chunk)
+        yield sse_chunk(chunk)
     if not finish_on_last:
         if k.delay_ms and sh.tokens:
             yield Pause(k.delay_ms / 1000)
         if finish == "tool_calls" and ctx.chat:
-            chunk = _chunk(ctx, None, finish, terminal_usage, _tool_calls(ctx))
+            chunk = make_chunk(ctx, None, finish, terminal_usage, _tool_calls(ctx))
         else:
-            chunk = _chunk(ctx, "", finish, terminal_usage)
+            chunk = make_chunk(ctx, "", finish, terminal_usage)
         if count == 0 and fault in _CHUNK_FAULTS:
             _corrupt(ctx, chunk)
-        yield _event(chunk)
+        yield sse_chunk(chunk)
     if fault != "missing_done":
         yield DONE_EVENT
     if fault == "after_done":
-        yield _event(_chunk(ctx, token_text(count, k.unicode), None, None))
+        yield sse_chunk(make_chunk(ctx, token_text(count, k.unicode), None, None))
     yield Op.END
 
 
-def _json_body(ctx: Ctx) -> bytes:
+def json_dict(ctx: Ctx) -> dict[str, Any]:
+    """The non-streamed answer (before the ``invalid_utf8`` fault's bytes)."""
     k = ctx.knobs
     sh = _shape(ctx)
     count, finish = sh.count, sh.finish
@@ -276,25 +318,30 @@ def _json_body(ctx: Ctx) -> bytes:
         object="chat.completion" if ctx.chat else "text_completion",
         usage=_terminal_usage(ctx, sh.tokens),
     )
+    return body
+
+
+def json_bytes(ctx: Ctx, body: dict[str, Any]) -> bytes:
     data = orjson.dumps(body)
-    if k.fault == "invalid_utf8":
+    if ctx.knobs.fault == "invalid_utf8":
         data = data.replace(b"sim-token-0", b"sim-\xff\xfe-bad", 1)
     return data
 
 
-def _total_delay(ctx: Ctx) -> float:
+def total_delay(ctx: Ctx) -> float:
+    """The whole generation time of one answer (a non-streamed reply waits for it)."""
     k = ctx.knobs
     return (k.first_delay_ms + k.delay_ms * max(_shape(ctx).tokens - 1, 0)) / 1000
 
 
 def plan_inference(ctx: Ctx) -> Iterator[Step]:
     def json_body() -> bytes:
-        return _json_body(ctx)
+        return json_bytes(ctx, json_dict(ctx))
 
     def sse_body() -> SseBody:
-        return _stream_body(ctx)
+        return stream_body(ctx)
 
-    env = Envelope(ctx.stream, ctx.knobs, ctx.request_id, _total_delay(ctx), json_body, sse_body)
+    env = Envelope(ctx.stream, ctx.knobs, ctx.request_id, total_delay(ctx), json_body, sse_body)
     for step in envelope(env):
-        assert not isinstance(step, StoreCommit)  # chat and completions store nothing
+        assert isinstance(step, STEP_TYPES)  # chat and completions store nothing
         yield step

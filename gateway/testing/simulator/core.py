@@ -6,7 +6,9 @@ event loop only).
 inference, which gets the next completion number when admitted) and plays it
 on the connection, which it knows only as a :class:`~channel.Channel`.
 Plans are pure; the ``StoreCommit`` notes a Responses plan yields are taken
-out here and applied to the store at the point of the reply they mark.
+out here and applied to the store at the point of the reply they mark, and an
+agentic plan's notes go to an ``agent_core.AgentDriver`` (its approval waits
+come back as ``Wait`` steps the connection awaits).
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ from typing import Any
 
 import orjson
 
+from gateway.testing.simulator.agent_core import AgentDriver
+from gateway.testing.simulator.agent_notes import AGENT_NOTES
 from gateway.testing.simulator.channel import Channel, Incoming
-from gateway.testing.simulator.handlers import Job, route
+from gateway.testing.simulator.handlers import route
+from gateway.testing.simulator.handling import Job
 from gateway.testing.simulator.plans import PlanStep, Step, StoreCommit, text_reply
 from gateway.testing.simulator.state import SimRequest, State
 
@@ -36,6 +41,8 @@ _MODEL_PATHS = frozenset(
         "/v1/embeddings",
         "/v1/messages",
         "/v1/messages/count_tokens",
+        "/v1/images/generations",
+        "/v1/audio/speech",
     }
 )
 
@@ -108,18 +115,25 @@ class Core:
 
     async def _infer(self, conn: Channel, req: SimRequest, job: Job, keep: bool) -> bool:
         # The id counter advances only for admitted inference, like the engine's.
-        number = self.state.enter()
+        number = self.state.enter(job.numbers)
         conn.begin(req, cancel_on_lost=job.stream)
         try:
-            plan = self._committing(job.build(number))
+            plan = self._committing(job.build(number), req)
             return await conn.play(plan, job.knobs, keep)
         finally:
             conn.end()
             self.state.leave(req)
 
-    def _committing(self, plan: Iterator[PlanStep]) -> Iterator[Step]:
+    def _committing(self, plan: Iterator[PlanStep], req: SimRequest) -> Iterator[Step]:
+        """The plan's steps, its notes taken out and acted on where they stand."""
+        driver: AgentDriver | None = None
         for step in plan:
             if isinstance(step, StoreCommit):
                 self.state.commit(step)
+            elif isinstance(step, AGENT_NOTES):
+                driver = driver or AgentDriver(self.state, req)
+                wait = driver.apply(step)
+                if wait is not None:
+                    yield wait
             else:
                 yield step

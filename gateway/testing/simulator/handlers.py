@@ -16,47 +16,48 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
 
+from gateway.testing.simulator.agent_handlers import APPROVALS, agentic_job, approval, messages_of
+from gateway.testing.simulator.agent_input import parse_agentic
 from gateway.testing.simulator.chat import Ctx, plan_inference
 from gateway.testing.simulator.embeddings import check, parse_embeddings, plan_embeddings
+from gateway.testing.simulator.handling import NOT_JSON, Job, Reply, read_json, request_knobs
 from gateway.testing.simulator.knobs import (
+    AGENTIC_CHAT_FAULTS,
     COUNT_TOKENS_FAULTS,
     EMBEDDINGS_FAULTS,
     FAULTS,
     MESSAGES_FAULTS,
     RESPONSES_FAULTS,
-    DirectiveError,
-    SimKnobs,
-    apply_directives,
-    check_fault,
 )
+from gateway.testing.simulator.media_handlers import IMAGES, SPEECH, images, speech
 from gateway.testing.simulator.messages import Turn, plan_count, plan_message, refusal
 from gateway.testing.simulator.messages_input import parse_messages
 from gateway.testing.simulator.metrics import reply as metrics_reply
 from gateway.testing.simulator.plans import (
-    DESERIALIZE,
     Op,
-    PlanStep,
     Reject,
     Step,
     json_reply,
     rough_tokens,
     simple_reply,
+    sse_error_reply,
     text_reply,
 )
 from gateway.testing.simulator.responses import Run, background, plan_response
 from gateway.testing.simulator.responses_input import parse_create
+from gateway.testing.simulator.routes import INCOMPATIBLE
 from gateway.testing.simulator.state import State
+
+__all__ = ["Job", "Reply", "route"]  # Job and Reply live in handling.py; kept here for callers
 
 _RESPONSES = "/v1/responses"
 _MESSAGES = "/v1/messages"
 _COUNT_TOKENS = "/v1/messages/count_tokens"
-_NOT_JSON = DESERIALIZE + "expected value at line 1 column 1"
 _ADMIN_METHODS: dict[str, str] = {
     "/v1/models/status": "POST",
     "/v1/models/unload": "POST",
@@ -71,18 +72,6 @@ _ADMIN_METHODS: dict[str, str] = {
     "/calibration/apply": "POST",
     "/calibration/status": "GET",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Job:
-    """An inference reply: built once admitted, from the engine's next request number."""
-
-    stream: bool
-    knobs: SimKnobs
-    build: Callable[[int], Iterator[PlanStep]]
-
-
-Reply = Iterator[Step] | Job
 
 
 def route(
@@ -101,6 +90,12 @@ def route(
         if method != "POST":
             return simple_reply(405, b"", rid)
         return _messages(state, path, body, headers, rid)
+    if path.startswith(APPROVALS):
+        return approval(state, method, path, body, headers, rid)
+    if path in (IMAGES, SPEECH):
+        if method != "POST":
+            return simple_reply(405, b"", rid)
+        return (images if path == IMAGES else speech)(state, body, headers, rid)
     if path.startswith(_RESPONSES + "/"):
         return _stored_response(state, method, path[len(_RESPONSES) + 1 :], rid)
     if path in ("/v1/models", "/health", "/"):
@@ -116,35 +111,6 @@ def route(
 
 
 # ------------------------------------------------------------------ helpers
-
-
-def _is_json_type(headers: dict[str, str]) -> bool:
-    mime = headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    return mime == "application/json" or (
-        mime.startswith("application/") and mime.endswith("+json")
-    )
-
-
-def _json_body(body: bytes, headers: dict[str, str]) -> Any:
-    if not _is_json_type(headers):
-        raise Reject(415, "Expected request with `Content-Type: application/json`", as_json=False)
-    try:
-        return orjson.loads(body)
-    except ValueError as exc:
-        raise Reject(400, _NOT_JSON, as_json=False) from exc
-
-
-def _knobs(state: State, text: str, faults: frozenset[str], path: str) -> SimKnobs:
-    """The request's knobs: the defaults, its directives; a foreign fault is refused."""
-    with state.cond:
-        knobs, use_directives = state.knobs, state.directives
-    try:
-        if use_directives:
-            knobs = apply_directives(text, knobs)
-        check_fault(knobs, faults, path)
-    except DirectiveError as exc:
-        raise Reject(400, str(exc), as_json=False) from exc
-    return knobs
 
 
 def _text_of(content: Any) -> str:
@@ -191,9 +157,11 @@ def _inference(state: State, path: str, body: bytes, headers: dict[str, str], ri
         return reject.reply(rid)
 
 
-def _inference_job(state: State, path: str, body: bytes, headers: dict[str, str], rid: str) -> Job:
+def _inference_job(
+    state: State, path: str, body: bytes, headers: dict[str, str], rid: str
+) -> Reply:
     chat = path == "/v1/chat/completions"
-    req = _json_body(body, headers)
+    req = read_json(body, headers)
     texts, directive_text = _extract(req, chat)
     model = req.get("model", "default")
     stream = req.get("stream", False)
@@ -207,6 +175,7 @@ def _inference_job(state: State, path: str, body: bytes, headers: dict[str, str]
         problem = "invalid type: max_tokens"
     if problem is not None:
         raise Reject.shape(problem)
+    agent = parse_agentic(req, messages_of(req)) if chat else None
     with state.cond:
         found = state.routes.resolve(model)
         message = state.routes.unknown_model_message(model)
@@ -215,9 +184,17 @@ def _inference_job(state: State, path: str, body: bytes, headers: dict[str, str]
         raise Reject.handler(500, message)
     if max_tokens == 0:
         raise Reject.handler(500, "`max_tokens` must be at least 1")
-    knobs = _knobs(state, directive_text, FAULTS, path)
+    if not found.serves("chat"):
+        # the engine's category check, after the stream (if any) has begun
+        if stream:
+            return sse_error_reply(rid, INCOMPATIBLE)
+        raise Reject.handler(422, INCOMPATIBLE)
+    faults = FAULTS if agent is None else AGENTIC_CHAT_FAULTS
+    knobs = request_knobs(state, directive_text, faults, path, agentic=agent is not None)
     prompt_tokens = rough_tokens(texts, 4 if chat else 0)
     ctx = Ctx(chat, stream, knobs, 0, created, found.model_id, max_tokens, prompt_tokens, rid)
+    if agent is not None:
+        return agentic_job(state, ctx, agent)
     return Job(stream, knobs, lambda n: plan_inference(dataclasses.replace(ctx, number=n)))
 
 
@@ -226,7 +203,7 @@ def _inference_job(state: State, path: str, body: bytes, headers: dict[str, str]
 
 def _create_response(state: State, body: bytes, headers: dict[str, str], rid: str) -> Reply:
     try:
-        req = _json_body(body, headers)
+        req = read_json(body, headers)
         call = parse_create(req)
         now = time.monotonic()
         with state.cond:
@@ -237,7 +214,9 @@ def _create_response(state: State, body: bytes, headers: dict[str, str], rid: st
             seed, created = state.id_seed, state.created
         if found is None:
             raise Reject.handler(500, message)
-        knobs = _knobs(state, call.directive_text, RESPONSES_FAULTS, _RESPONSES)
+        if not found.serves("chat"):
+            raise Reject.handler(422, INCOMPATIBLE)
+        knobs = request_knobs(state, call.directive_text, RESPONSES_FAULTS, _RESPONSES)
     except Reject as reject:
         return reject.reply(rid)
     sent = (*(history or ()), *call.texts)
@@ -288,14 +267,16 @@ def _stored_response(state: State, method: str, rest: str, rid: str) -> Iterator
 def _messages(state: State, path: str, body: bytes, headers: dict[str, str], rid: str) -> Reply:
     counting = path == _COUNT_TOKENS
     try:
-        call = parse_messages(_json_body(body, headers), counting=counting)
+        call = parse_messages(read_json(body, headers), counting=counting)
         with state.cond:
             found = state.routes.resolve(call.model)
             message = state.routes.unknown_model_message(call.model)
         if found is None:
             raise Reject.handler(400, message)
+        if not found.serves("chat"):
+            raise Reject.handler(400, INCOMPATIBLE)
         faults = COUNT_TOKENS_FAULTS if counting else MESSAGES_FAULTS
-        knobs = _knobs(state, call.directive_text, faults, path)
+        knobs = request_knobs(state, call.directive_text, faults, path)
     except Reject as reject:
         return refusal(reject.status, reject.message, rid)
     tokens = rough_tokens(call.texts, 4)
@@ -310,14 +291,16 @@ def _messages(state: State, path: str, body: bytes, headers: dict[str, str], rid
 
 def _embeddings(state: State, body: bytes, headers: dict[str, str], rid: str) -> Reply:
     try:
-        call = parse_embeddings(_json_body(body, headers))
+        call = parse_embeddings(read_json(body, headers))
         with state.cond:
             found = state.routes.resolve(call.model)
             message = state.routes.unknown_model_message(call.model)
         if found is None:
             raise Reject.handler(422, message)
+        if not found.serves("embeddings"):
+            raise Reject.handler(422, INCOMPATIBLE)
         check(call)
-        knobs = _knobs(state, call.directive_text, EMBEDDINGS_FAULTS, "/v1/embeddings")
+        knobs = request_knobs(state, call.directive_text, EMBEDDINGS_FAULTS, "/v1/embeddings")
     except Reject as reject:
         return reject.reply(rid)
     return Job(False, knobs, lambda _number: plan_embeddings(call, knobs, rid))
@@ -352,7 +335,7 @@ def _admin(state: State, path: str, body: bytes, rid: str) -> Iterator[Step]:
     try:
         parsed = orjson.loads(body)
     except ValueError:
-        return text_reply(400, _NOT_JSON, rid)
+        return text_reply(400, NOT_JSON, rid)
     model_id = parsed.get("model_id") if isinstance(parsed, dict) else None
     if not isinstance(model_id, str):
         return Reject.shape("missing field `model_id`").reply(rid)

@@ -62,18 +62,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from gateway.testing.simulator.knobs import SimKnobs
 from gateway.testing.simulator.messages_input import MessagesCall
 from gateway.testing.simulator.plans import (
     INVALID_UTF8_MARK,
     NUL_TEXT,
+    STEP_TYPES,
     Envelope,
     Op,
     Pause,
     Shape,
     SseBody,
     Step,
-    StoreCommit,
     chunk_text,
     dump,
     envelope,
@@ -83,7 +85,6 @@ from gateway.testing.simulator.plans import (
     shape,
 )
 
-_ARGUMENTS = '{"q":1}'
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 _ERROR_TYPES = {
     401: "authentication_error",
@@ -222,6 +223,10 @@ class _Blocks:
         )
 
 
+def _tool_name(turn: Turn) -> str:
+    return turn.knobs.tool_name or turn.call.tool_name
+
+
 def _message_start(turn: Turn, usage: dict[str, int]) -> bytes:
     message: dict[str, Any] = {
         "id": str(turn.number),
@@ -276,7 +281,7 @@ def _stream(turn: Turn) -> SseBody:
         if len(texts) > count:
             yield from blocks.delta("text", texts[count])
         if sh.finish == "tool_calls":
-            yield from blocks.tool_use(turn.call_id, turn.call.tool_name, _ARGUMENTS)
+            yield from blocks.tool_use(turn.call_id, _tool_name(turn), k.tool_arguments)
     yield from blocks.close()
     delta = {"stop_reason": _STOP_REASONS.get(sh.finish, "end_turn"), "stop_sequence": None}
     output = {"output_tokens": usage["output_tokens"]}
@@ -302,8 +307,8 @@ def _answer(turn: Turn) -> dict[str, Any]:
     if text:
         content.append({"type": "text", "text": text})
     if sh.finish == "tool_calls":
-        call = {"type": "tool_use", "id": turn.call_id, "name": turn.call.tool_name}
-        content.append({**call, "input": {"q": 1}})
+        call = {"type": "tool_use", "id": turn.call_id, "name": _tool_name(turn)}
+        content.append({**call, "input": orjson.loads(turn.knobs.tool_arguments)})
     return {
         "id": str(turn.number),
         "type": "message",
@@ -323,7 +328,7 @@ def _total_delay(turn: Turn) -> float:
 
 def _steps(env: Envelope) -> Iterator[Step]:
     for step in envelope(env):
-        assert not isinstance(step, StoreCommit)  # nothing here is stored
+        assert isinstance(step, STEP_TYPES)  # nothing here is stored
         yield step
 
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 import enum
 import gzip
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from gateway.testing.simulator.agent_notes import AgentNote
 from gateway.testing.simulator.knobs import SIMULATOR_HEADER, SimKnobs
 
 _INVALID_UTF8_MARK = "\x1asim-invalid-utf8\x1a"
@@ -66,6 +67,15 @@ class Pause:
     seconds: float
 
 
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Await ``until()`` before the next step (keep-alives go on meanwhile). Only the
+    core makes these, from a plan's question (agent_notes.AwaitDecision): a plan
+    itself never awaits anything."""
+
+    until: Callable[[], Coroutine[Any, Any, None]]
+
+
 class Op(enum.Enum):
     END = "end"
     ABORT = "abort"
@@ -73,7 +83,8 @@ class Op(enum.Enum):
     ENDLESS = "endless"
 
 
-Step = Head | Pause | Op | bytes
+Step = Head | Pause | Wait | Op | bytes
+STEP_TYPES = (Head, Pause, Wait, Op, bytes)
 
 DESERIALIZE = "Failed to deserialize the JSON body into the target type: "
 
@@ -212,6 +223,16 @@ def simple_reply(
     yield Op.END
 
 
+def sse_error_reply(request_id: str, message: str) -> Iterator[Step]:
+    """A stream the engine refused once the head was sent: the in-band error, ``[DONE]``."""
+    error = {"message": message, "type": "server_error", "param": None, "code": None}
+    headers = [("content-type", "text/event-stream"), ("cache-control", "no-cache")]
+    yield Head(200, [*headers, ("x-request-id", request_id), *_COMMON_HEADERS], None)
+    yield b"data: " + orjson.dumps({"error": error}) + b"\n\n"
+    yield _DONE_EVENT
+    yield Op.END
+
+
 def json_reply(status: int, obj: Any, request_id: str) -> Iterator[Step]:
     return simple_reply(status, orjson.dumps(obj), request_id, "application/json")
 
@@ -235,8 +256,8 @@ class StoreCommit:
     resource: dict[str, Any] | None
 
 
-PlanStep = Step | StoreCommit
-SseBody = Iterator[bytes | Pause | Op | StoreCommit]
+PlanStep = Step | StoreCommit | AgentNote
+SseBody = Iterator[bytes | Pause | Op | StoreCommit | AgentNote]
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +282,34 @@ class Envelope:
     commit: StoreCommit | None = None
     idle: bytes = KEEPALIVE_EVENT
     failure: Callable[[int], bytes] | None = None
+    #: a body that is not JSON (speech), used instead of ``json_body``
+    raw: RawBody | None = None
+    #: ``close_mid`` cuts the body half-way, after the head (media), instead of
+    #: cutting the connection half-way through the generation
+    cut_body: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RawBody:
+    """A non-JSON body: its type, its length, and its bytes in blocks, made as they
+    are written (a large body is never held whole)."""
+
+    content_type: str
+    length: int
+    blocks: Callable[[], Iterator[bytes]]
+
+
+def _first(blocks: Iterator[bytes], size: int) -> Iterator[bytes]:
+    """The first ``size`` bytes of ``blocks``."""
+    for block in blocks:
+        if size <= 0:
+            return
+        yield block[:size]
+        size -= len(block)
+
+
+def _json_raw(body: bytes) -> RawBody:
+    return RawBody("application/json", len(body), lambda: iter([body]))
 
 
 def envelope(env: Envelope) -> Iterator[PlanStep]:
@@ -271,7 +320,8 @@ def envelope(env: Envelope) -> Iterator[PlanStep]:
     ``/sim/redirected``; ``huge_headers`` adds a 200 KiB header;
     ``wrong_request_id``/``no_request_id`` change ``x-request-id``;
     ``close_mid`` (not streamed) cuts the connection half-way through the
-    generation; ``hang`` sends the head only; ``gzip`` compresses the whole body
+    generation (``cut_body``: half-way through the body); ``hang`` sends the
+    head only (not streamed: nothing); ``gzip`` compresses the whole body
     (``content-encoding: gzip``); ``wrong_content_type`` says ``text/plain``;
     ``json_body`` answers a streamed request with the JSON body;
     ``endless_line`` streams one line that never ends.
@@ -292,7 +342,7 @@ def envelope(env: Envelope) -> Iterator[PlanStep]:
         yield Head(307, [("location", "/sim/redirected"), *base], 0)
         yield Op.END
         return
-    if fault == "close_mid" and not env.stream:
+    if fault == "close_mid" and not env.stream and not env.cut_body:
         yield Pause(env.delay_s / 2)
         yield Op.ABORT
         return
@@ -302,17 +352,23 @@ def envelope(env: Envelope) -> Iterator[PlanStep]:
         if fault == "hang":
             yield Op.HANG
             return
-        body = env.json_body()
-        headers = [("content-type", "application/json"), *base]
+        raw = env.raw or _json_raw(env.json_body())
+        headers = [("content-type", raw.content_type), *base]
+        length, blocks = raw.length, raw.blocks()
         if fault == "gzip":
-            body = gzip.compress(body, mtime=0)
+            body = gzip.compress(b"".join(blocks), mtime=0)
+            length, blocks = len(body), iter([body])
             headers.append(("content-encoding", "gzip"))
         elif fault == "wrong_content_type":
             headers[0] = ("content-type", "text/plain; charset=utf-8")
         if env.commit is not None:
             yield env.commit
-        yield Head(env.json_status, headers, len(body))
-        yield body
+        yield Head(env.json_status, headers, length)
+        if fault == "close_mid":
+            yield from _first(blocks, length // 2)
+            yield Op.ABORT
+            return
+        yield from blocks
         yield Op.END
         return
     content_type = "text/plain; charset=utf-8" if fault == "wrong_content_type" else None
@@ -322,9 +378,9 @@ def envelope(env: Envelope) -> Iterator[PlanStep]:
         # Compressed as a whole: pauses are dropped, the bytes are what matter here.
         steps = list(env.sse_body())
         yield from (s for s in steps if isinstance(s, StoreCommit))
-        raw = b"".join(s for s in steps if isinstance(s, bytes))
+        whole = b"".join(s for s in steps if isinstance(s, bytes))
         yield Head(200, [*headers, ("content-encoding", "gzip")], None)
-        yield gzip.compress(raw, mtime=0)
+        yield gzip.compress(whole, mtime=0)
         yield Op.END
         return
     yield Head(200, headers, None, env.idle)

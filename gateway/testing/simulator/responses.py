@@ -85,7 +85,6 @@ from gateway.testing.simulator.plans import (
 from gateway.testing.simulator.responses_input import ResponsesCall
 from gateway.testing.simulator.store import BackgroundTask
 
-_ARGUMENTS = '{"q":1}'
 _ERROR = {"type": "internal_error", "message": "simulated engine error"}
 _MODEL_ERROR = {"type": "model_error", "message": "simulated model error"}
 _MID_FAULTS = frozenset({"close_mid", "error_json", "hang_mid", "named_event"})
@@ -182,8 +181,8 @@ def _function_call(run: Run) -> dict[str, Any]:
         "type": "function_call",
         "id": f"fc_{run.uid(2)}",
         "call_id": f"call-{run.uid(3)}",
-        "name": run.call.tool_name,
-        "arguments": _ARGUMENTS,
+        "name": run.knobs.tool_name or run.call.tool_name,
+        "arguments": run.knobs.tool_arguments,
         "status": "completed",
     }
 
@@ -277,19 +276,19 @@ def _stream(run: Run) -> SseBody:
             if shape.call:
                 call = _function_call(run)
                 output.append(call)
-                call_id = call["call_id"]
+                call_id, arguments = call["call_id"], call["arguments"]
                 yield event("response.output_item.added", output_index=1, item=call)
                 yield event(
                     "response.function_call_arguments.delta",
                     output_index=1,
                     call_id=call_id,
-                    delta=_ARGUMENTS,
+                    delta=arguments,
                 )
                 yield event(
                     "response.function_call_arguments.done",
                     output_index=1,
                     call_id=call_id,
-                    arguments=_ARGUMENTS,
+                    arguments=arguments,
                 )
                 yield event("response.output_item.done", output_index=1, item=call)
             else:

@@ -11,6 +11,13 @@ Rules, as the real server's (findings §2, §8):
   auto-reload); ``reloading`` is still served.
 * ``/v1/models`` lists the synthetic ``default`` entry, then each listed route
   ``entries`` times (a duplicate is a misconfigured worker, for readiness tests).
+* Each route has a kind, the worker's model category: ``chat`` (a text or
+  multimodal model; it also answers embeddings, as every route did before
+  kinds), ``embeddings``, ``image`` (``serve diffusion``) or ``speech``
+  (``serve speech``). ``/v1/models`` looks the same for every kind (the
+  worker's ``ModelObject`` has no category). A request a route's kind cannot
+  serve gets the engine's ``Received a request incompatible for this model's
+  category.`` (handlers.py answers it per endpoint).
 """
 
 from __future__ import annotations
@@ -19,7 +26,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.testing.simulator.knobs import MODEL_STATUSES
+from gateway.testing.simulator.knobs import MODEL_STATUSES, ROUTE_KINDS
+
+INCOMPATIBLE = "Received a request incompatible for this model's category."
+#: the endpoints each kind serves
+_SERVES = {
+    "chat": frozenset({"chat", "embeddings"}),
+    "embeddings": frozenset({"embeddings"}),
+    "image": frozenset({"image"}),
+    "speech": frozenset({"speech"}),
+}
 
 
 @dataclass(slots=True)
@@ -27,21 +43,30 @@ class Route:
     model_id: str
     status: str | None = "loaded"
     entries: int = 1
+    kind: str = "chat"
+
+    def serves(self, endpoint: str) -> bool:
+        """Whether this route's model answers ``endpoint`` (chat | embeddings | image | speech)."""
+        return endpoint in _SERVES[self.kind]
 
 
 class Routes:
     """The simulator's routes in configured order (the first is the default)."""
 
-    def __init__(self, model_ids: Sequence[str]) -> None:
+    def __init__(self, model_ids: Sequence[str | tuple[str, str]]) -> None:
         if not model_ids:
             raise ValueError("at least one model id is needed")
-        if len(set(model_ids)) != len(model_ids):
+        pairs = [(m, "chat") if isinstance(m, str) else m for m in model_ids]
+        ids = [m for m, _ in pairs]
+        if len(set(ids)) != len(ids):
             raise ValueError("Model ID conflict: the model ids must be distinct")
-        for model_id in model_ids:
+        for model_id, kind in pairs:
             if not model_id or model_id == "default":
                 raise ValueError(f"not a usable model id: {model_id!r}")
-        self._routes = {m: Route(m) for m in model_ids}
-        self.default = model_ids[0]
+            if kind not in ROUTE_KINDS:
+                raise ValueError(f"route kind must be one of {sorted(ROUTE_KINDS)}, not {kind!r}")
+        self._routes = {m: Route(m, kind=kind) for m, kind in pairs}
+        self.default = ids[0]
 
     @property
     def ids(self) -> tuple[str, ...]:

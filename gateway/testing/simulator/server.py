@@ -1,21 +1,20 @@
-"""The :class:`Simulator` (a background thread or ``serve_forever``) and the CLI."""
+"""The :class:`Simulator`: a background thread or ``serve_forever``, and the
+thread-safe observations and controls tests use (the CLI is cli.py)."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import copy
 import dataclasses
 import ipaddress
 import secrets
-import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from gateway.testing.simulator.broker import SESSION_TTL_S, AgentRun, ApprovalRecord
 from gateway.testing.simulator.core import Core
 from gateway.testing.simulator.knobs import DEFAULT_MODEL_ID, MODELS_FAULTS, SimKnobs
 from gateway.testing.simulator.metrics import MODES as METRICS_MODES
@@ -37,6 +36,10 @@ def _require_loopback(host: str) -> None:
         raise ValueError(f"the simulator binds loopback only, not {host!r}")
 
 
+def _id_of(entry: str | tuple[str, str]) -> str:
+    return entry if isinstance(entry, str) else entry[0]
+
+
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
     """uvloop where it is installed (as the gateway runs), else asyncio's loop."""
     try:
@@ -55,11 +58,15 @@ class Simulator:
     defaults of every response; ``directives=False`` ignores ``[[sim ...]]``.
 
     ``model_ids`` serves several routes (a ``from-config`` worker); the first is
-    the default. ``model_id`` is the one-route shorthand (ignored when
+    the default. An entry is a model id (a ``chat`` route) or ``(model id,
+    kind)``, kind one of ``chat``, ``embeddings``, ``image``, ``speech``
+    (routes.py). ``model_id`` is the one-route shorthand (ignored when
     ``model_ids`` is given, which must then start with it if it is not the
     default value). ``id_seed`` makes the Responses ids (``resp_``, ``msg_``,
-    ``fc_``, ``call-``) reproducible; by default each simulator draws its own,
-    so two simulators never hand out the same response id.
+    ``fc_``, ``call-``), session, approval and file ids reproducible; by
+    default each simulator draws its own, so two simulators never hand out
+    the same id. Any other keyword is a knob (``SimKnobs``: ``reasoning``,
+    ``agent``, ``files``, ``audio_bytes``...).
     """
 
     def __init__(
@@ -68,7 +75,7 @@ class Simulator:
         host: str = "127.0.0.1",
         port: int = 0,
         model_id: str = DEFAULT_MODEL_ID,
-        model_ids: Sequence[str] | None = None,
+        model_ids: Sequence[str | tuple[str, str]] | None = None,
         id_seed: int | None = None,
         chunks: int = 8,
         delay_ms: float = 0,
@@ -86,11 +93,13 @@ class Simulator:
         terminal: str = "completed",
         dims: int = 8,
         text: str | None = None,
+        session_ttl_s: float = SESSION_TTL_S,
+        **more: Any,
     ) -> None:
         _require_loopback(host)
         if model_ids is None:
             model_ids = [model_id]
-        elif model_id != DEFAULT_MODEL_ID and (not model_ids or model_ids[0] != model_id):
+        elif model_id != DEFAULT_MODEL_ID and (not model_ids or _id_of(model_ids[0]) != model_id):
             raise ValueError("model_id must be the first of model_ids (or left out)")
         knobs = SimKnobs(
             chunks=chunks,
@@ -108,11 +117,12 @@ class Simulator:
             terminal=terminal,
             dims=dims,
             text=text,
+            **more,
         )
         self._host = host
         self._port = port
         seed = secrets.randbits(64) if id_seed is None else id_seed
-        self._state = State(list(model_ids), knobs, directives, seed)
+        self._state = State(list(model_ids), knobs, directives, seed, session_ttl_s)
         self._listening = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -223,7 +233,9 @@ class Simulator:
 
     def reset(self) -> None:
         """Back to as constructed: no recorded requests, peak = current, every route
-        loaded and listed once, the Responses store empty.
+        loaded and listed once, the Responses store, the agentic sessions, runs,
+        recorded approval decisions and remembered sessions empty (approvals being
+        waited for stay pending).
 
         The completion-id counter keeps counting, so ids stay unique per simulator.
         """
@@ -236,6 +248,9 @@ class Simulator:
             st.models_fault = None
             st.engine = EngineMetrics()
             st.store.clear()
+            st.approvals.clear()
+            st.sessions.clear()
+            st.agent_runs.clear()
 
     @property
     def active_streams(self) -> int:
@@ -309,6 +324,30 @@ class Simulator:
         with self._state.cond:
             return len(self._state.engine.pending)
 
+    # -- agentic runs (agents.py; thread-safe copies)
+
+    def agent_runs(self) -> list[AgentRun]:
+        """Every agentic chat request played, in order: the session id it used and the one
+        it was sent, its permission, each round's outcome, the approvals it announced, the
+        one pending when its client went away."""
+        with self._state.cond:
+            return copy.deepcopy(list(self._state.agent_runs))
+
+    def approval_decisions(self) -> list[ApprovalRecord]:
+        """Every ``POST /v1/agent/approvals/{id}`` received, in order, with what it answered."""
+        with self._state.cond:
+            return copy.deepcopy(list(self._state.approvals.records))
+
+    def pending_approvals(self) -> list[str]:
+        """The approval ids a run is waiting on now."""
+        with self._state.cond:
+            return list(self._state.approvals.pending)
+
+    def sessions(self) -> list[str]:
+        """The agentic session ids the simulated worker keeps now."""
+        with self._state.cond:
+            return self._state.sessions.ids(time.monotonic())
+
     def set_knobs(self, **changes: Any) -> None:
         """Change the default knobs of later requests (same names as the constructor)."""
         with self._state.cond:
@@ -324,75 +363,3 @@ class Simulator:
             with self._state.cond:
                 self._state.cond.wait(min(remaining, 0.05))
         return True
-
-
-# ---------------------------------------------------------------------- CLI
-
-
-_DEFAULT = " (default: %(default)s)"
-
-
-def build_parser(prog: str = "python -m gateway.testing.simulator") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description="mistral.rs protocol simulator (test equipment; generates no real text)",
-    )
-    add = parser.add_argument
-    add("--host", default="127.0.0.1", help="loopback address to bind" + _DEFAULT)
-    add("--port", type=int, default=0, help="port to listen on (0: any free port)" + _DEFAULT)
-    add(
-        "--model-id",
-        action="append",
-        dest="model_ids",
-        metavar="ID",
-        help=f"a route to serve; repeat for several, the first is the default "
-        f"(default: {DEFAULT_MODEL_ID})",
-    )
-    add("--chunks", type=int, default=8, help="text chunks per answer" + _DEFAULT)
-    add("--delay-ms", type=float, default=0.0, help="pause between chunks" + _DEFAULT)
-    add(
-        "--keepalive-ms",
-        type=float,
-        default=10_000.0,
-        help="idle time before a keep-alive" + _DEFAULT,
-    )
-    add("--first-delay-ms", type=float, default=0.0, help="pause before the first chunk" + _DEFAULT)
-    add("--dims", type=int, default=8, help="embedding dimensions" + _DEFAULT)
-    add("--id-seed", type=int, default=None, help="seed of the Responses ids (default: random)")
-    add("--no-directives", action="store_true", help="ignore [[sim ...]] directives")
-    return parser
-
-
-def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    parser = build_parser(prog) if prog else build_parser()
-    args = parser.parse_args(argv)
-    try:
-        sim = Simulator(
-            host=args.host,
-            port=args.port,
-            model_ids=args.model_ids or [DEFAULT_MODEL_ID],
-            chunks=args.chunks,
-            delay_ms=args.delay_ms,
-            keepalive_ms=args.keepalive_ms,
-            first_delay_ms=args.first_delay_ms,
-            dims=args.dims,
-            id_seed=args.id_seed,
-            directives=not args.no_directives,
-        )
-    except ValueError as exc:
-        print(f"simulator: {exc}", file=sys.stderr)
-        return 2
-
-    async def run() -> None:
-        bound = await sim._bind()
-        print(f"simulator listening on {sim.base_url}", flush=True)
-        serving = asyncio.ensure_future(sim._serve(*bound))
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, serving.cancel)
-        with contextlib.suppress(asyncio.CancelledError):
-            await serving
-
-    with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        runner.run(run())
-    return 0

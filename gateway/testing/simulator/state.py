@@ -2,19 +2,28 @@
 
 ``State`` holds everything a test thread may read or change (recorded
 requests, counters, the routes and their statuses, the Responses store, the
-knobs) behind one lock; ``SimRequest`` is one recorded request. Both sit
-below the request path (handlers.py reads and changes ``State``, core.py
-records into it, server.py exposes it), so they import nothing above it.
+knobs, the approval broker, the agentic sessions and runs) behind one lock;
+``SimRequest`` is one recorded request. Both sit below the request path
+(handlers.py reads and changes ``State``, core.py records into it, server.py
+exposes it), so they import nothing above it.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.testing.simulator.broker import (
+    MAX_RECORDS,
+    SESSION_TTL_S,
+    AgentRun,
+    ApprovalBroker,
+    SessionStore,
+)
 from gateway.testing.simulator.knobs import SimKnobs
 from gateway.testing.simulator.metrics import EngineMetrics
 from gateway.testing.simulator.plans import StoreCommit
@@ -59,7 +68,12 @@ class State:
     """Everything shared between the event-loop thread and test threads."""
 
     def __init__(
-        self, model_ids: Sequence[str], knobs: SimKnobs, directives: bool, id_seed: int
+        self,
+        model_ids: Sequence[str | tuple[str, str]],
+        knobs: SimKnobs,
+        directives: bool,
+        id_seed: int,
+        session_ttl_s: float = SESSION_TTL_S,
     ) -> None:
         self.cond = threading.Condition(threading.Lock())
         self.routes = Routes(model_ids)
@@ -75,6 +89,9 @@ class State:
         self.models_fault: str | None = None
         self.engine = EngineMetrics()
         self.store = ResponseStore.empty()
+        self.approvals = ApprovalBroker(session_ttl_s)
+        self.sessions = SessionStore(session_ttl_s)
+        self.agent_runs: deque[AgentRun] = deque(maxlen=MAX_RECORDS)
 
     @property
     def model_id(self) -> str:
@@ -100,12 +117,14 @@ class State:
             self.next_completion += 1
             return number
 
-    def enter(self) -> int:
+    def enter(self, numbers: int = 1) -> int:
+        """Admit one inference request taking ``numbers`` engine request numbers;
+        the first of them."""
         with self.cond:
             self.active += 1
             self.max_active = max(self.max_active, self.active)
             number = self.next_completion
-            self.next_completion += 1
+            self.next_completion += numbers
             self.cond.notify_all()
             return number
 

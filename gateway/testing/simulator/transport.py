@@ -17,7 +17,7 @@ import httptools
 from gateway.testing.simulator.channel import Incoming
 from gateway.testing.simulator.core import Core
 from gateway.testing.simulator.knobs import MAX_BODY_BYTES, SimKnobs
-from gateway.testing.simulator.plans import Head, Op, Pause, Step
+from gateway.testing.simulator.plans import Head, Op, Pause, Step, Wait
 from gateway.testing.simulator.state import SimRequest
 
 _MAX_HEAD_BYTES = 64 * 1024
@@ -257,6 +257,10 @@ class Connection(asyncio.Protocol):
                     last_event = await self._idle(step.seconds, keepalive, last_event, split, idle)
                 else:
                     await asyncio.sleep(step.seconds)
+            elif isinstance(step, Wait):
+                await self._flush(out, split)
+                idle_every = keepalive if sse_open else None
+                last_event = await self._wait(step, idle_every, last_event, split, idle)
             elif isinstance(step, Head):
                 chunked = step.length is None
                 sse_open = chunked
@@ -292,6 +296,30 @@ class Connection(asyncio.Protocol):
                 await self._drain()
                 await asyncio.sleep(0)  # a fast reader never pauses us; let others run
         transport.abort()
+
+    async def _wait(
+        self, step: Wait, keepalive: float | None, last_event: float, split: int, idle: bytes
+    ) -> float:
+        """Await ``step.until()``, writing ``idle`` after each ``keepalive`` of quiet.
+        If this reply is cancelled (the client went), the awaited task is cancelled
+        and allowed to clean up."""
+        task = self._loop.create_task(step.until())
+        try:
+            # Bounded: each pass ends, or writes a keep-alive and moves last_event >= 1 ms.
+            while True:
+                timeout = None
+                if keepalive is not None:
+                    timeout = max(0.0, last_event + keepalive - self._loop.time())
+                done, _ = await asyncio.wait({task}, timeout=timeout)
+                if done:
+                    task.result()
+                    return last_event
+                await self._flush([_frame(idle)], split)
+                last_event = self._loop.time()
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task}, timeout=5)
 
     async def _idle(
         self, seconds: float, keepalive: float, last_event: float, split: int, idle: bytes

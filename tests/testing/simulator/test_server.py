@@ -121,3 +121,61 @@ def test_gateway_verb_serves_on_the_given_port_with_two_routes() -> None:
 def test_module_cli_refuses_duplicate_routes(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--model-id", "/m/a", "--model-id", "/m/a"]) == 2
     assert "Model ID conflict" in capsys.readouterr().err
+
+
+def test_cli_text_and_tool_call_flags() -> None:
+    """Structured output and tools from the command line: a fixed answer text and a
+    fixed tool call, on chat, Responses and Messages alike; routes of each kind; an
+    agentic plan."""
+    answer = '{"city": "Paris"}'
+    argv = [sys.executable, "-m", "gateway.testing.simulator", "--chunks", "3"]
+    argv += ["--text", answer, "--tool-name", "get_weather"]
+    argv += ["--tool-arguments", '{"city": "Paris", "unit": "C"}']
+    argv += ["--model-id", "/m/chat", "--image-model", "/m/img", "--speech-model", "/m/tts"]
+    argv += ["--agent", "mcp:docs_lookup,python", "--agent-permission", "deny"]
+    with running(argv) as (url, _), httpx.Client(base_url=url, timeout=5) as c:
+        chat = c.post("/v1/chat/completions", json={"messages": "hi"}).json()
+        responses = c.post("/v1/responses", json={"input": "hi"}).json()
+        body = {
+            "model": "default",
+            "max_tokens": 50,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
+        messages = c.post("/v1/messages", json=body).json()
+        listed = [m["id"] for m in c.get("/v1/models").json()["data"]]
+        image = {"model": "/m/img", "prompt": "x", "response_format": "B64Json"}
+        png = c.post("/v1/images/generations", json=image).json()["data"][0]["b64_json"]
+        speech = {"model": "/m/tts", "input": "x", "response_format": "wav"}
+        wav = c.post("/v1/audio/speech", json=speech)
+        refused = c.post("/v1/audio/speech", json={**speech, "model": "/m/chat"})
+        tools = [{"type": "code_interpreter", "container": {"type": "auto"}}]
+        agentic = c.post("/v1/chat/completions", json={"messages": "hi", "tools": tools}).json()
+    assert listed == ["default", "/m/chat", "/m/img", "/m/tts"]
+    assert png.startswith("data:image/png;base64,iVBORw0KGgo")
+    assert wav.content.startswith(b"RIFF") and refused.status_code == 422
+    calls = agentic["agentic_tool_calls"]
+    assert [c["name"] for c in calls] == ["docs_lookup", "mistralrs_execute_python"]
+    assert calls[1]["result_content"] == "exception: Python code was denied by policy."
+    assert "agentic_tool_calls" not in chat  # a plain request is not agentic
+    message = chat["choices"][0]["message"]
+    assert message["content"] == answer and chat["choices"][0]["finish_reason"] == "tool_calls"
+    (call,) = message["tool_calls"]
+    assert call["function"] == {
+        "name": "get_weather",
+        "arguments": '{"city": "Paris", "unit": "C"}',
+    }
+    function_call = responses["output"][0]
+    assert function_call["name"] == "get_weather"
+    assert function_call["arguments"] == '{"city": "Paris", "unit": "C"}'
+    assert responses["output_text"] == answer
+    text, tool_use = messages["content"]
+    assert text == {"type": "text", "text": answer}
+    assert tool_use["name"] == "get_weather" and tool_use["input"] == {"city": "Paris", "unit": "C"}
+    assert messages["stop_reason"] == "tool_use"
+
+
+def test_cli_refuses_bad_knob_values(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--tool-arguments", "{not json"]) == 2
+    assert "tool_arguments must be a JSON text" in capsys.readouterr().err
+    assert main(["--agent", "teleport:x"]) == 2
+    assert "unknown tool kind" in capsys.readouterr().err

@@ -5,8 +5,10 @@ Every read has a socket timeout; only 127.0.0.1 is ever dialled.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,3 +143,60 @@ def sse_events(body: bytes) -> list[Event]:
                 data.append(line[6:])
         events.append(Event(name, b"\n".join(data)))
     return events
+
+
+class Streaming:
+    """A request on a raw loopback socket whose response is read on a thread, so a test
+    can act mid-stream (post an approval, hang up). Every wait has a deadline."""
+
+    def __init__(self, port: int, request: bytes, timeout: float = 10.0) -> None:
+        self._sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self._sock.sendall(request)
+        self._received = bytearray()
+        self._cond = threading.Condition()
+        self._ending: str | None = None
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        ending = "eof"
+        try:
+            while len(self._received) < 1 << 26:
+                data = self._sock.recv(65536)
+                if not data:
+                    break
+                with self._cond:
+                    self._received += data
+                    self._cond.notify_all()
+        except TimeoutError:
+            ending = "timeout"
+        except OSError:
+            ending = "reset"
+        with self._cond:
+            self._ending = ending
+            self._cond.notify_all()
+
+    def wait_for(self, needle: bytes, timeout: float = 5.0) -> bool:
+        """True once ``needle`` arrived; False at the deadline or the end of the stream."""
+        with self._cond:
+            self._cond.wait_for(
+                lambda: needle in self._received or self._ending is not None, timeout
+            )
+            return needle in self._received
+
+    def events(self) -> list[Event]:
+        with self._cond:
+            raw = bytes(self._received)
+        return sse_events(parse(raw).body)
+
+    def hang_up(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        self._thread.join(5)
+
+    def result(self, timeout: float = 10.0) -> Raw:
+        self._thread.join(timeout)
+        self._sock.close()
+        with self._cond:
+            return parse(bytes(self._received), self._ending or "timeout")
