@@ -24,7 +24,7 @@ Pure: no I/O library is imported here or by any descriptor.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -180,9 +180,10 @@ class Report:
 @dataclass(eq=False, slots=True)
 class OutputFile:
     """One output to keep as a tenant file (spec §23 ``url``): the dialect fills
-    the bytes, the pipeline stores them and hands back their link in ``url``."""
+    the bytes (or their pieces, read once, as the file is written), the pipeline
+    stores them and hands back their link in ``url``."""
 
-    data: bytes
+    data: bytes | Iterable[bytes]
     name: str
     media_type: str
     url: str | None = None

@@ -17,8 +17,11 @@ Rules:
   link's signature names one.
 - A file lives ``keep_s`` (the links' TTL): past it :meth:`get` does not see
   it, and each :meth:`put` looks at most :data:`_SCAN` directory entries and
-  removes at most :data:`_SWEEP` expired files (bounded work per request; a
-  quiet gateway keeps what expired until the next put).
+  removes at most :data:`_SWEEP` of those older than that (files, records and
+  writes cut short; bounded work per request; a quiet gateway keeps what
+  expired until the next put).
+- The bytes are written first, the record last: a file is served only once
+  whole (a record names it), and the bytes may come in pieces, never joined.
 - Errors are the store's: ``state_unavailable`` when the disk refuses (a full
   volume, spec §24), never a path in a message or a log line.
 """
@@ -30,6 +33,7 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -60,11 +64,17 @@ class InterimFiles:
         self.root = root
         self.keep_s = keep_s
 
-    async def put(self, tenant: str, data: bytes, name: str, media_type: str) -> FileRecord:
+    async def put(
+        self, tenant: str, data: bytes | Iterable[bytes], name: str, media_type: str
+    ) -> FileRecord:
+        """Keep ``data``: its bytes, or their pieces in order (written as they come,
+        never joined: a ``url`` image is decoded piece by piece into its file)."""
         file_id = "file_" + secrets.token_urlsafe(16)
-        record = FileRecord(file_id, tenant, name, media_type, len(data), int(time.time()))
+        pieces = (data,) if isinstance(data, bytes) else data
         try:
-            await anyio.to_thread.run_sync(self._put, record, data)
+            size = await anyio.to_thread.run_sync(self._put, file_id, pieces)
+            record = FileRecord(file_id, tenant, name, media_type, size, int(time.time()))
+            await anyio.to_thread.run_sync(self._keep, record)
         except OSError as exc:
             log.warning("files: a file could not be written (%s)", type(exc).__name__)
             raise GatewayError("state_unavailable") from exc
@@ -82,23 +92,33 @@ class InterimFiles:
 
     # -- in a worker thread ---------------------------------------------------
 
-    def _put(self, record: FileRecord, data: bytes) -> None:
+    def _put(self, file_id: str, pieces: Iterable[bytes]) -> int:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o750)
-        self._write(self.root / record.id, data)
-        self._write(self.root / f"{record.id}.json", json.dumps(asdict(record)).encode())
+        return self._write(self.root / file_id, pieces)
+
+    def _keep(self, record: FileRecord) -> None:
+        """The record last: a file without one is never served (and swept by mtime)."""
+        self._write(self.root / f"{record.id}.json", (json.dumps(asdict(record)).encode(),))
         self._sweep()
 
-    def _write(self, path: Path, data: bytes) -> None:
+    def _write(self, path: Path, pieces: Iterable[bytes]) -> int:
         temp = path.with_name(path.name + ".part")
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, _MODE)
+        size = 0
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            for piece in pieces:
+                view = memoryview(piece)
+                size += view.nbytes
+                while view:
+                    view = view[os.write(fd, view) :]
             os.fsync(fd)
-        finally:
+        except BaseException:
             os.close(fd)
+            os.unlink(temp)
+            raise
+        os.close(fd)
         os.replace(temp, path)
+        return size
 
     def _get(self, file_id: str) -> tuple[FileRecord, bytes] | None:
         try:
@@ -111,18 +131,16 @@ class InterimFiles:
             return None
 
     def _sweep(self) -> None:
+        """Files, records and cut writes past ``keep_s`` (by mtime), a bounded few."""
         deadline = time.time() - self.keep_s
         removed = 0
         with os.scandir(self.root) as entries:
             for seen, entry in enumerate(entries):
                 if removed >= _SWEEP or seen >= _SCAN:
                     break
-                if not entry.name.endswith(".json"):
-                    continue
                 try:
                     if entry.stat().st_mtime > deadline:
                         continue
-                    os.unlink(self.root / entry.name.removesuffix(".json"))
                     os.unlink(entry.path)
                 except FileNotFoundError:
                     continue  # another replica swept it first

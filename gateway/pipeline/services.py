@@ -10,7 +10,7 @@ passes fakes of its own without a cast.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -94,7 +94,11 @@ class TenantFiles(Protocol):
     §23 ``url`` images): ``books/interim_files.py`` until the agents' file
     store, which serves the same ids, takes its place."""
 
-    async def put(self, tenant: str, data: bytes, name: str, media_type: str) -> StoredFile: ...
+    async def put(
+        self, tenant: str, data: bytes | Iterable[bytes], name: str, media_type: str
+    ) -> StoredFile:
+        """Keep ``data`` (its bytes, or their pieces in order: written as they come)."""
+        ...
 
 
 @dataclass(eq=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import stat
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,24 @@ async def test_a_file_is_kept_and_read_back(tmp_path: Path) -> None:
     assert other.id != record.id
 
 
+async def test_pieces_are_written_as_they_come(tmp_path: Path) -> None:
+    files = InterimFiles(tmp_path, keep_s=60)
+    record = await files.put("acme", iter([b"ab", b"", b"cde"]), "x.png", "image/png")
+    found = await files.get(record.id)
+    assert record.bytes == 5 and found is not None and found[1] == b"abcde"
+
+
+async def test_a_piece_that_fails_leaves_no_file(tmp_path: Path) -> None:
+    def pieces() -> Iterator[bytes]:
+        yield b"ab"
+        raise OSError("the disk went away")
+
+    files = InterimFiles(tmp_path, keep_s=60)
+    with pytest.raises(GatewayError, match="state_unavailable"):
+        await files.put("acme", pieces(), "x.png", "image/png")
+    assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.parametrize("file_id", ["file_nope12345678", "../../etc/passwd", "file_", ""])
 async def test_unknown_or_malformed_ids_are_none(tmp_path: Path, file_id: str) -> None:
     files = InterimFiles(tmp_path, keep_s=60)
@@ -47,7 +66,8 @@ async def test_expired_files_are_not_read_and_are_swept(tmp_path: Path) -> None:
     meta = tmp_path / "f" / f"{old.id}.json"
     meta.write_text(meta.read_text().replace(str(old.created), str(old.created - 61)))
     past = time.time() - 120
-    os.utime(meta, (past, past))
+    for path in (meta, tmp_path / "f" / old.id):
+        os.utime(path, (past, past))
     assert await files.get(old.id) is None
     await files.put("acme", b"new", "b.png", "image/png")
     assert not (tmp_path / "f" / old.id).exists() and not meta.exists()

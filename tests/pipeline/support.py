@@ -309,8 +309,11 @@ class FakeFiles:
     def __init__(self) -> None:
         self.stored: list[FakeFile] = []
 
-    async def put(self, tenant: str, data: bytes, name: str, media_type: str) -> FakeFile:
-        stored = FakeFile(f"file_fake{len(self.stored):08d}", tenant, data, name, media_type)
+    async def put(
+        self, tenant: str, data: bytes | Iterable[bytes], name: str, media_type: str
+    ) -> FakeFile:
+        whole = data if isinstance(data, bytes) else b"".join(data)
+        stored = FakeFile(f"file_fake{len(self.stored):08d}", tenant, whole, name, media_type)
         self.stored.append(stored)
         return stored
 

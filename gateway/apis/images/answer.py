@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 
 from gateway.apis.base import OutputFile, Report
-from gateway.apis.images.png import Png, check_png
+from gateway.apis.images.png import Png, check_png, decoded
 from gateway.core.errors import GatewayError
 from gateway.core.replies import Pieces
 from gateway.core.sse import NEED_DATA, Done, NeedData, violation
@@ -168,13 +168,12 @@ class ImagesDialect:
 
     def on_item(self, item: Any) -> bytes | None:
         request = self._request
-        png = check_png(
-            item.b64, request.width, request.height, request.max_bytes, keep=request.url
-        )
+        png = check_png(item.b64, request.width, request.height, request.max_bytes)
         self._images.append((item, png))
-        if png.data is not None:
-            number = len(self._images)
-            self._files.append(OutputFile(png.data, f"image-{number}.png", "image/png"))
+        if request.url:
+            # Decoded again as the file is written: never whole beside the base64.
+            name = f"image-{len(self._images)}.png"
+            self._files.append(OutputFile(decoded(item.b64), name, "image/png"))
         return None
 
     def error_frame(self, exc: GatewayError) -> bytes:

@@ -11,7 +11,9 @@ end), hashing and counting the bytes as they come, and keeps only the head
   right, with the width and height asked for;
 - ended by the ``IEND`` chunk (a cut file is not an image).
 
-``keep=True`` also returns the decoded bytes (a ``url`` answer stores them).
+:func:`decoded` gives the bytes again, piece by piece, for a ``url`` answer's
+file: written as they come, the image is never held decoded whole beside
+its base64.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import binascii
 import hashlib
 import struct
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from gateway.core.sse import violation
@@ -38,7 +41,6 @@ class Png:
     size: int
     width: int
     height: int
-    data: bytes | None = None
 
 
 def decoded_size(b64: memoryview) -> int:
@@ -50,9 +52,13 @@ def decoded_size(b64: memoryview) -> int:
     return n // 4 * 3 - pad
 
 
-def check_png(
-    b64: memoryview, width: int, height: int, max_bytes: int, *, keep: bool = False
-) -> Png:
+def decoded(b64: memoryview) -> Iterator[bytes]:
+    """The bytes of an image :func:`check_png` passed, in pieces of 768 KiB."""
+    for at in range(0, b64.nbytes, _PIECE):
+        yield binascii.a2b_base64(b64[at : at + _PIECE], strict_mode=True)
+
+
+def check_png(b64: memoryview, width: int, height: int, max_bytes: int) -> Png:
     """The image ``b64`` holds, checked (module docstring); else ``upstream_protocol_error``."""
     if b64.nbytes % 4:
         raise violation("Upstream image is not valid base64.")
@@ -62,7 +68,6 @@ def check_png(
     hasher = hashlib.sha256()
     head = bytearray()
     tail = b""
-    kept: list[bytes] = []
     for at in range(0, b64.nbytes, _PIECE):
         try:
             piece = binascii.a2b_base64(b64[at : at + _PIECE], strict_mode=True)
@@ -72,15 +77,12 @@ def check_png(
         if len(head) < _HEAD:
             head += piece[: _HEAD - len(head)]
         tail = (tail + piece)[-len(IEND) :]
-        if keep:
-            kept.append(piece)
     found = _dimensions(bytes(head))
     if found != (width, height):
         raise violation("Upstream image is not the size asked for.")
     if tail != IEND:
         raise violation("Upstream image does not end like a PNG.")
-    data = b"".join(kept) if keep else None
-    return Png(hasher.hexdigest(), size, width, height, data)
+    return Png(hasher.hexdigest(), size, width, height)
 
 
 def _dimensions(head: bytes) -> tuple[int, int]:

@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from gateway.apis.images.answer import ImageRequest, ImagesDialect, answer_bound
-from gateway.apis.images.png import check_png
+from gateway.apis.images.png import check_png, decoded
 from gateway.core.errors import GatewayError
 from gateway.core.replies import Pieces
 from gateway.core.sse import NEED_DATA, Done
@@ -101,7 +101,10 @@ def test_url_images_are_handed_over_as_files_and_answered_with_their_links() -> 
     dialect.next_call()
     feed(dialect, image_answer(image))
     files = dialect.report().files
-    assert [(f.data, f.media_type) for f in files] == [(image, "image/png")] * 2
+    assert [f.media_type for f in files] == ["image/png"] * 2
+    pieces = [f.data for f in files]
+    assert all(not isinstance(p, bytes) for p in pieces)  # decoded as the file is written
+    assert [b"".join(p) for p in pieces if not isinstance(p, bytes)] == [image] * 2
     for index, output in enumerate(files):
         output.url = f"https://gw/v1/files/file_{index}/content?sig=s&exp=1"
     answer = joined(dialect.answer({}))
@@ -204,12 +207,13 @@ def test_an_image_over_max_bytes_is_refused_before_decoding() -> None:
     feed(dialect, image_answer(image))
 
 
-def test_check_png_keeps_bytes_only_when_asked() -> None:
-    image = png(64, 64)
+def test_check_png_reads_the_image_and_decoded_gives_its_bytes_in_pieces() -> None:
+    image = png(64, 64, pad=2_000_000)
     b64 = memoryview(base64.b64encode(image))
-    assert check_png(b64, 64, 64, 10**6).data is None
-    kept = check_png(b64, 64, 64, 10**6, keep=True)
-    assert kept.data == image and kept.size == len(image)
+    checked = check_png(b64, 64, 64, 10**7)
+    assert (checked.size, checked.width, checked.height) == (len(image), 64, 64)
+    pieces = list(decoded(b64))
+    assert len(pieces) == 3 and b"".join(pieces) == image
 
 
 def test_a_png_whose_first_chunk_is_not_ihdr_is_refused() -> None:
