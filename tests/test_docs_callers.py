@@ -37,9 +37,13 @@ ENDPOINTS = [
     "responses",
     "embeddings",
     "messages",
+    "images",
+    "speech",
     "models",
     "evidence",
 ]
+#: the image and speech models of the "Images and speech" examples (spec §23)
+KINDS = {"/srv/models/flux-image": "image", "/srv/models/dia-speech": "speech"}
 FILES = {"photo.png": build_png, "clip.wav": build_wav, "clip.mp4": build_mp4}
 #: what the simulated worker answers in a section (its side of the example)
 KNOBS: dict[str, dict[str, Any]] = {
@@ -59,13 +63,18 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     mp = pytest.MonkeyPatch()
     mp.setenv(DEMO_SECRET_ENV, HS_SECRET)
     limits = {"max_output_tokens": 512, "requests_per_minute": 6000, "tokens_per_minute": 10**7}
+    from gateway.testing.harness import SIM_ROUTE
+
+    models = {"gemma-4-mm": SIM_ROUTE, "flux-image": "/srv/models/flux-image"}
+    models["dia-speech"] = "/srv/models/dia-speech"
     policy = {
         "endpoints": ENDPOINTS,
         "limits": limits,
         "evidence": {"max_bytes": 10_000_000, "max_records": 100},
+        "models": models,
     }
     try:
-        with running_stack(tmp_path_factory.mktemp("callers"), acme=policy) as running:
+        with running_stack(tmp_path_factory.mktemp("callers"), acme=policy, kinds=KINDS) as running:
             yield running
     finally:
         mp.undo()
@@ -134,6 +143,7 @@ def test_every_endpoint_has_a_section_and_every_code_a_row() -> None:
         "Completions",
         "Responses",
         "Embeddings",
+        "Images and speech",
         "Models",
         "Evidence (media)",
         "Errors",
