@@ -24,7 +24,7 @@ Pure: no I/O library is imported here or by any descriptor.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -174,7 +174,7 @@ class Report:
     outputs: list[dict[str, int | str]] | None = None
     media_usage: dict[str, int] | None = None
     #: outputs the pipeline stores as tenant files before the answer (``url`` images)
-    files: list[OutputFile] = field(default_factory=list)
+    files: Sequence[OutputFile] = ()
 
 
 @dataclass(eq=False, slots=True)

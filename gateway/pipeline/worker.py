@@ -19,12 +19,12 @@ tenant's files (:func:`keep_files`) before the answer names them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import cast
 
 import orjson
 
-from gateway.apis.base import Api, Dialect, HeadReader, Plan, StreamBounds
+from gateway.apis.base import Api, Dialect, HeadReader, OutputFile, Plan, StreamBounds
 from gateway.apis.responses.conversation import kept_input
 from gateway.apis.usage import Usage, public_usage
 from gateway.apis.usage import usage_of as settled_usage
@@ -180,12 +180,15 @@ async def _attempt(
     await relay.collect(opener)
     if not final:
         return
-    if dialect.report().media_usage is not None:
+    report = dialect.report()
+    if report.media_usage is not None:
         # Images and audio: no tokens to settle; their usage is in the answer.
-        await keep_files(call, dialect)
+        await keep_files(call, report.files)
         await relay.reply(call.send, dialect.answer({}), rate_headers)
         return
-    usage = call.usage = usage_of(dialect, plan)
+    usage = call.usage = settled_usage(
+        report.counts, report.usage, plan.prompt_bytes, report.output_estimate
+    )
     answer = dialect.answer(public_usage(usage, full=plan.full_usage))
     await keep_response(call, dialect, plan)
     await relay.reply(call.send, answer, {**rate_headers, "x-usage-source": usage.source})
@@ -199,12 +202,9 @@ def _head_reader(dialect: Dialect) -> Callable[[bytes], None]:
     return on_head
 
 
-async def keep_files(call: Call, dialect: Dialect) -> None:
+async def keep_files(call: Call, files: Sequence[OutputFile]) -> None:
     """Store the outputs a ``url`` answer links to as the tenant's files (spec
     §23) and fill in their signed links, before the answer names them."""
-    files = dialect.report().files
-    if not files:
-        return
     services = call.services
     for output in files:
         stored = await services.files.put(

@@ -187,7 +187,7 @@ class ImagesDialect:
                 for p in images
             ],
             media_usage={"images": len(images)},
-            files=list(self._files),
+            files=tuple(self._files),
         )
 
     def answer(self, usage: dict[str, Any]) -> Pieces:

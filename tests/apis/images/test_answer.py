@@ -69,7 +69,7 @@ def test_one_image_becomes_openais_shape_with_bare_base64() -> None:
     assert report.media_usage == {"images": 1}
     assert report.outputs is not None and report.outputs[0]["bytes"] == len(image)
     assert (report.outputs[0]["width"], report.outputs[0]["height"]) == (64, 64)
-    assert dialect.has_content is False and report.files == []
+    assert dialect.has_content is False and not report.files
 
 
 def test_the_base64_goes_out_as_the_workers_own_bytes() -> None:
