@@ -3,10 +3,11 @@
 Spec §22's file store (per tenant, on the state store, ``GET
 /v1/files/{id}[/content]`` and ``DELETE``) is built for agents beside this
 one; until it lands, :class:`InterimFiles` keeps just what the image links
-need, behind the same small protocol the pipeline uses
-(``pipeline/services.py`` ``TenantFiles``: ``put(tenant, bytes, name, mime)``
-→ a record with ``id``), so it can be swapped for that store without a
-change elsewhere.
+need. It has that store's shape (``pipeline/services.py`` ``TenantFiles``:
+``put(tenant, data, name)`` → a ``KeptFile`` record, the type sniffed from
+the bytes) and one freedom more, the bytes in pieces (``ImageFiles``), so it
+can be swapped for that store (once it takes pieces) without a change
+elsewhere.
 
 Rules:
 
@@ -28,6 +29,7 @@ Rules:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -46,6 +48,9 @@ log = logging.getLogger("gateway.files")
 #: expired files removed per put, and directory entries looked at for them
 _SWEEP = 64
 _SCAN = 1024
+#: bytes a file's type is sniffed from
+_HEAD = 16
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _MODE = 0o640
 
 
@@ -54,9 +59,15 @@ class FileRecord:
     id: str
     tenant: str
     name: str
-    media_type: str
+    mime_type: str
     bytes: int
+    sha256: str
     created: int
+
+
+def sniff(head: bytes) -> str:
+    """The media type of a file from its first bytes (what it is, not what it says)."""
+    return "image/png" if head.startswith(PNG_SIGNATURE) else "application/octet-stream"
 
 
 class InterimFiles:
@@ -64,16 +75,15 @@ class InterimFiles:
         self.root = root
         self.keep_s = keep_s
 
-    async def put(
-        self, tenant: str, data: bytes | Iterable[bytes], name: str, media_type: str
-    ) -> FileRecord:
+    async def put(self, tenant: str, data: bytes | Iterable[bytes], name: str) -> FileRecord:
         """Keep ``data``: its bytes, or their pieces in order (written as they come,
         never joined: a ``url`` image is decoded piece by piece into its file)."""
         file_id = "file_" + secrets.token_urlsafe(16)
         pieces = (data,) if isinstance(data, bytes) else data
         try:
-            size = await anyio.to_thread.run_sync(self._put, file_id, pieces)
-            record = FileRecord(file_id, tenant, name, media_type, size, int(time.time()))
+            written = await anyio.to_thread.run_sync(self._put, file_id, pieces)
+            size, digest, head = written
+            record = FileRecord(file_id, tenant, name, sniff(head), size, digest, int(time.time()))
             await anyio.to_thread.run_sync(self._keep, record)
         except OSError as exc:
             log.warning("files: a file could not be written (%s)", type(exc).__name__)
@@ -92,9 +102,20 @@ class InterimFiles:
 
     # -- in a worker thread ---------------------------------------------------
 
-    def _put(self, file_id: str, pieces: Iterable[bytes]) -> int:
+    def _put(self, file_id: str, pieces: Iterable[bytes]) -> tuple[int, str, bytes]:
+        """(size, SHA-256, first bytes) of the file written."""
         self.root.mkdir(parents=True, exist_ok=True, mode=0o750)
-        return self._write(self.root / file_id, pieces)
+        hasher = hashlib.sha256()
+        head = bytearray()
+
+        def seen(piece: bytes) -> bytes:
+            hasher.update(piece)
+            if len(head) < _HEAD:
+                head.extend(piece[: _HEAD - len(head)])
+            return piece
+
+        size = self._write(self.root / file_id, map(seen, pieces))
+        return size, hasher.hexdigest(), bytes(head)
 
     def _keep(self, record: FileRecord) -> None:
         """The record last: a file without one is never served (and swept by mtime)."""

@@ -56,6 +56,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import anyio.to_thread
 import orjson
@@ -146,6 +147,8 @@ class Receipt:
     #: what an images or speech answer made (spec §23): ``sha256``, ``bytes`` and
     #: ``width``/``height`` or ``duration_ms`` of each; null for other endpoints
     outputs: list[dict[str, int | str]] | None = None
+    #: an agentic request's rounds, tool calls and decisions, files, worker session (spec §22)
+    agent: dict[str, Any] | None = None
     #: the replica's chain (gateway/books/receipt_chain.py), stamped by the writer
     replica: str | None = None
     seq: int | None = None

@@ -103,6 +103,8 @@ class InferenceEndpoint:
                     config.images,
                     config.speech,
                     config.server.public_base_url,
+                    route_agents=rt.table.agents_for,
+                    session_key=rt.services.session_key,
                 ),
             )
             call.plan = plan

@@ -43,6 +43,7 @@ from gateway.observe.listener import MetricsListener
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.tracing import NO_TRACING, Tracing, settings_from_env
 from gateway.pipeline.cancel import Exchange
+from gateway.pipeline.hostlookup import HostLookup
 from gateway.pipeline.probe import probe
 from gateway.pipeline.services import Services
 from gateway.ratelimit import LimitsStore, build_limits_store
@@ -96,7 +97,7 @@ class Runtime:
     #: what one request's steps use of the above
     services: Services
     #: ``url`` images and their signed links (spec §23)
-    files: InterimFiles
+    image_files: InterimFiles
     links: LinkSigner
     keys_http: httpx.AsyncClient | None = None
     draining: bool = False
@@ -312,7 +313,7 @@ async def build_runtime(loaded: Loaded, tracing: Tracing | None = None) -> Runti
         else None
     )
     readiness = Readiness(table, metrics, probe)
-    files = InterimFiles(config.staging.dir / "files", config.images.url_ttl_s)
+    image_files = InterimFiles(config.staging.dir / "files", config.images.url_ttl_s)
     links = link_signer(config, os.environ)
     responses = ResponseBook(
         state.responses,
@@ -342,10 +343,12 @@ async def build_runtime(loaded: Loaded, tracing: Tracing | None = None) -> Runti
             metrics=metrics,
             staging=config.staging,
             blobs=evidence.store,
-            files=files,
+            hosts=HostLookup(config.agents.hosts),
+            session_key=_session_key(config, os.environ),
+            image_files=image_files,
             links=links,
         ),
-        files=files,
+        image_files=image_files,
         links=links,
         keys_http=keys_http,
         tracing=tracing if tracing is not None else tracing_from_env(os.environ),
@@ -353,6 +356,13 @@ async def build_runtime(loaded: Loaded, tracing: Tracing | None = None) -> Runti
     for problem in await runtime.auth.prefetch():
         log.warning("jwks prefetch: %s", problem)
     return runtime
+
+
+def _session_key(config: GatewayConfig, environ: Mapping[str, str]) -> bytes:
+    """The key of the worker's session ids (spec §22; ``check`` requires it,
+    at least 32 bytes, when a route has agents)."""
+    name = config.agents.session_key_env
+    return environ.get(name, "").encode() if name is not None else b""
 
 
 async def start_background(runtime: Runtime) -> None:

@@ -36,7 +36,7 @@ async def signed_file_content(scope: Scope, receive: Receive, send: Send) -> Non
             raise GatewayError("missing_credentials")
         if not rt.links.opens(file_id, sig, exp):
             raise GatewayError("invalid_token", _BAD_LINK)
-        found = await rt.files.get(file_id)
+        found = await rt.image_files.get(file_id)
         if found is None:
             raise GatewayError("invalid_token", _BAD_LINK)
     except GatewayError as exc:
@@ -50,4 +50,4 @@ async def signed_file_content(scope: Scope, receive: Receive, send: Send) -> Non
         "referrer-policy": "no-referrer",
         "x-content-type-options": "nosniff",
     }
-    await send_pieces(send, 200, Pieces(record.media_type.encode("latin-1"), (data,)), headers)
+    await send_pieces(send, 200, Pieces(record.mime_type.encode("latin-1"), (data,)), headers)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from gateway.books.evidence.leases import Inline
 from gateway.books.evidence.records import EvidenceRecord
@@ -23,6 +23,7 @@ from gateway.config import StagingConfig
 from gateway.core.signed_urls import LinkSigner
 from gateway.observe.metrics import GatewayMetrics
 from gateway.pipeline.cancel import Exchange
+from gateway.pipeline.hostlookup import HostLookup
 from gateway.ratelimit.base import Hold
 from gateway.ratelimit.core import TenantLimits
 from gateway.upstream.table import RouteReadiness, RouteTable
@@ -84,21 +85,52 @@ class Conversations(Protocol):
     async def chain(self, tenant: str, response_id: str, max_links: int) -> list[KeptResponse]: ...
 
 
-class StoredFile(Protocol):
+class KeptFile(Protocol):
+    """A file the gateway keeps for a tenant (spec §22 "Files")."""
+
     @property
     def id(self) -> str: ...
 
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def bytes(self) -> int: ...
+
+    @property
+    def sha256(self) -> str: ...
+
+    @property
+    def mime_type(self) -> str: ...
+
 
 class TenantFiles(Protocol):
-    """Where outputs a caller gets as links are kept, per tenant (spec §22 files,
-    §23 ``url`` images): ``books/interim_files.py`` until the agents' file
-    store, which serves the same ids, takes its place."""
+    """The tenant file store as an agentic run uses it: bytes in, a record out
+    (the type sniffed from the bytes)."""
 
-    async def put(
-        self, tenant: str, data: bytes | Iterable[bytes], name: str, media_type: str
-    ) -> StoredFile:
-        """Keep ``data`` (its bytes, or their pieces in order: written as they come)."""
+    async def put(self, tenant: str, data: bytes, name: str) -> KeptFile: ...
+
+
+class CallerApprovals(Protocol):
+    """Approvals asked of the caller (spec §22): bound to the tenant and the
+    request, decided through any replica."""
+
+    async def open(self, tenant: str, request_id: str, approval_id: str) -> None: ...
+
+    async def wait(self, approval_id: str, timeout_s: float) -> Literal["approve", "deny"] | None:
+        """The caller's decision, or None when none came within ``timeout_s``."""
         ...
+
+    async def close(self, approval_id: str) -> None: ...
+
+
+class ImageFiles(Protocol):
+    """Where ``url`` images are kept (spec §23): the tenant file store of §22 with
+    one more freedom, the bytes in pieces (a 16 MiB image is written as it is
+    decoded, never held whole beside its base64). ``books/interim_files.py``
+    until the §22 store takes pieces too."""
+
+    async def put(self, tenant: str, data: bytes | Iterable[bytes], name: str) -> KeptFile: ...
 
 
 @dataclass(eq=False)
@@ -113,8 +145,16 @@ class Services:
     staging: StagingConfig
     #: the staged evidence files the forwarded body's media are read from
     blobs: EvidenceStore
-    #: the tenant files ``url`` images are kept as, and their signed links (§23)
-    files: TenantFiles
-    links: LinkSigner
     #: in-flight requests, so that a drain can wait for them and end the rest
     inflight: set[Exchange] = field(default_factory=set)
+    #: where an agentic run keeps the files the worker made (spec §22)
+    files: TenantFiles | None = None
+    #: approvals asked of callers (spec §22)
+    approvals: CallerApprovals | None = None
+    #: a web fetch's addresses (``agents.hosts``, then DNS, bounded)
+    hosts: HostLookup = field(default_factory=lambda: HostLookup({}))
+    #: the key of the worker's session ids (gateway ``agents.session_key_env``)
+    session_key: bytes = b""
+    #: where ``url`` images are kept, and their signed links (spec §23)
+    image_files: ImageFiles | None = None
+    links: LinkSigner | None = None

@@ -68,6 +68,9 @@ def settle(call: Call, api: Api) -> None:
             receipt.usage, receipt.outputs = report.media_usage, report.outputs
         else:
             receipt.usage = call.usage or usage_of(attempt.dialect, call.plan)
+        if attempt.agent is not None:
+            receipt.agent = attempt.agent.receipt()
+            services.metrics.agent_rounds.observe(attempt.agent.machine.rounds)
         if relay.state.first_content_at is not None:
             ttft = relay.state.first_content_at - info.started
             receipt.ttft_ms = ms(ttft)

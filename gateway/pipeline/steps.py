@@ -23,6 +23,7 @@ from gateway.apis.base import Api, Endpoint, Plan
 from gateway.apis.responses.conversation import MAX_LINKS, PARAM, expand
 from gateway.apis.usage import estimate_prompt_tokens
 from gateway.books.receipts import ReleaseMark
+from gateway.config.policy import Tenant
 from gateway.core.body import check_size
 from gateway.core.errors import GatewayError
 from gateway.observe.tracing import NS, step
@@ -81,6 +82,16 @@ async def run(call: Call, routed: Routed, api: Api, plan: Plan) -> None:
     services, tenant, resolved = call.services, call.tenant, routed.resolved
     worker = resolved.worker
     staging = services.staging
+    route_agents = worker.config.agents
+    if (
+        route_agents is not None
+        and route_agents.mcp_config
+        and api.endpoint.tool_loop == "ungoverned"
+    ):
+        # Its worker would run its MCP tools for this path unasked (reference §3.2).
+        raise GatewayError(
+            "model_not_capable", "This model runs tools unasked here.", param="model"
+        )
     forward = api.forward(plan, resolved.route)
     if plan.previous_response_id is not None:
         # The conversation is the gateway's (spec §17): forwarded whole, counted
@@ -106,9 +117,7 @@ async def run(call: Call, routed: Routed, api: Api, plan: Plan) -> None:
         routed.reservation = await services.limits.reserve(
             tenant.name,
             tenant_limits,
-            (plan.max_tokens or 0) + estimate_prompt_tokens(plan.prompt_bytes)
-            if plan.bills_tokens
-            else 0,
+            _reserve(plan, tenant) if plan.bills_tokens else 0,
             # The slot must outlast the admission wait as well as the worker call.
             wait_s=tenant.policy.admission.queue_timeout_s,
         )
@@ -152,6 +161,16 @@ async def _admit(call: Call, routed: Routed, api: Api, plan: Plan) -> None:
     call.timings.admission = (call.timings.admission or 0.0) + waited
     call.receipt.queue_ms = ms(call.timings.admission)
     call.services.metrics.admission_wait.observe(waited)
+
+
+def _reserve(plan: Plan, tenant: Tenant) -> int:
+    """Tokens to reserve: the output bound and a prompt estimate, and for an
+    agentic request ``reserve_tokens_per_round`` per round it may run (spec §22)."""
+    tokens = (plan.max_tokens or 0) + estimate_prompt_tokens(plan.prompt_bytes)
+    policy = tenant.policy.agents
+    if plan.agent is not None and policy is not None:
+        tokens += policy.reserve_tokens_per_round * plan.agent.rounds
+    return tokens
 
 
 async def _conversation(call: Call, response_id: str) -> list[tuple[bytes, bytes]]:

@@ -19,6 +19,7 @@ tenant's files (:func:`keep_files`) before the answer names them.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from typing import cast
 
@@ -33,9 +34,10 @@ from gateway.core.body import Layout, MediaSlot
 from gateway.core.errors import GatewayError
 from gateway.core.replies import encode_headers
 from gateway.observe.tracing import NO_SPAN, NS
+from gateway.pipeline.agents import AgentRun, agentic, start_run
 from gateway.pipeline.call import Attempt, Call, Routed
 from gateway.pipeline.fallback import Fallback
-from gateway.pipeline.relay import Relay, Timeouts
+from gateway.pipeline.relay import Opener, Relay, Timeouts
 from gateway.pipeline.timings import now
 from gateway.upstream.base import WorkerStream
 
@@ -106,11 +108,15 @@ async def _attempt(
     """One worker call: the relay set up for this worker, the body sent, the answer relayed."""
     services, info, worker = call.services, call.info, routed.worker
     upstream_cfg = worker.config
+    run = None
+    if agentic(plan, worker, api.endpoint.tool_loop):
+        run = start_run(services, call.tenant, info.request_id, worker, plan)
     if carried is None:
         bounds = StreamBounds(
             framing=upstream_cfg.framing,
             text_nul=upstream_cfg.text_nul,
             max_prompt_tokens=prompt_token_bound(body, plan),
+            agent=run.machine if run is not None else None,
         )
         dialect = api.dialect(plan, bounds, collect=not plan.stream)
     else:
@@ -129,11 +135,12 @@ async def _attempt(
         # x-request-id and CORS are added by the app's one send wrapper.
         response_headers=headers,
         abort=call.exchange.drop_connection,
+        actor=run,
         # An audio body's format may be in its head alone (audio/pcm;rate=…).
         on_head=_head_reader(dialect) if api.endpoint.exchange == "audio" else None,
     )
     producer = BodyProducer(body, services.blobs)
-    attempt = call.attempt = Attempt(dialect, relay, producer)
+    attempt = call.attempt = Attempt(dialect, relay, producer, agent=run)
     traceparent = None
     if info.span is not NO_SPAN:
         span = attempt.span = info.span.child(
@@ -167,17 +174,13 @@ async def _attempt(
         timings.head_at = now()
         return stream
 
+    if run is None:
+        await _relay(call, relay, opener, plan)
+    else:
+        await _agentic(call, run, relay, opener, plan)
     if plan.stream:
-        await relay.stream_to(opener, call.send)
-        try:
-            await keep_response(call, dialect, plan)
-        except GatewayError as exc:
-            # After headers: the stream ends with one error event, never [DONE].
-            await relay.end_with_error(call.send, exc, upstream_cfg.idle_timeout_s)
-            raise
         await relay.end(call.send)
         return
-    await relay.collect(opener)
     if not final:
         return
     report = dialect.report()
@@ -190,6 +193,9 @@ async def _attempt(
         report.counts, report.usage, plan.prompt_bytes, report.output_estimate
     )
     answer = dialect.answer(public_usage(usage, full=plan.full_usage))
+    if run is not None:
+        assert isinstance(answer, dict)
+        answer["agent"] = run.summary()
     await keep_response(call, dialect, plan)
     await relay.reply(call.send, answer, {**rate_headers, "x-usage-source": usage.source})
 
@@ -205,12 +211,51 @@ def _head_reader(dialect: Dialect) -> Callable[[bytes], None]:
 async def keep_files(call: Call, files: Sequence[OutputFile]) -> None:
     """Store the outputs a ``url`` answer links to as the tenant's files (spec
     §23) and fill in their signed links, before the answer names them."""
-    services = call.services
+    if not files:
+        return
+    store, links = call.services.image_files, call.services.links
+    if store is None or links is None:
+        raise GatewayError("internal_error")  # the composition root always sets both
     for output in files:
-        stored = await services.files.put(
-            call.tenant.name, output.data, output.name, output.media_type
-        )
-        output.url = services.links.link(stored.id)
+        kept = await store.put(call.tenant.name, output.data, output.name)
+        output.url = links.link(kept.id)
+
+
+async def _relay(call: Call, relay: Relay, opener: Opener, plan: Plan) -> None:
+    """The worker's answer read whole: streamed to the caller up to its valid
+    end (its Responses id kept before the terminator), or collected."""
+    if not plan.stream:
+        await relay.collect(opener)
+        return
+    await relay.stream_to(opener, call.send)
+    try:
+        await keep_response(call, relay.dialect, plan)
+    except GatewayError as exc:
+        # After headers: the stream ends with one error event, never [DONE].
+        await relay.end_with_error(call.send, exc, relay.timeouts.idle_s)
+        raise
+
+
+async def _agentic(call: Call, run: AgentRun, relay: Relay, opener: Opener, plan: Plan) -> None:
+    """An agentic answer: bounded by the tenant's ``max_run_s`` (which, unlike
+    the stream's timers, does not pause for approvals), and whatever ends it
+    -- the bound, the caller leaving -- a pending approval is denied before
+    the worker's connection is closed (spec §22)."""
+    policy = call.tenant.policy.agents
+    bound = asyncio.timeout(policy.max_run_s if policy is not None else None)
+    try:
+        async with bound:
+            await _relay(call, relay, opener, plan)
+    except TimeoutError:
+        if not bound.expired():
+            raise
+        await run.deny_pending("max_run_s")
+        exc = GatewayError("agent_run_timeout", "The agent run exceeded its time limit.")
+        if relay.state.headers_sent:
+            await relay.end_with_error(call.send, exc, relay.timeouts.idle_s)
+        raise exc from None
+    finally:
+        await run.deny_pending("caller_gone")
 
 
 def prompt_token_bound(body: Layout, plan: Plan) -> int:

@@ -4,6 +4,7 @@ a caller's ASGI ``send`` that records (and can stop reading), a chat plan."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
@@ -285,7 +286,7 @@ def make_services(
         metrics=GatewayMetrics(),
         staging=config.staging if config is not None else StagingConfig(),
         blobs=no_blobs(),
-        files=FakeFiles(),
+        image_files=FakeFiles(),
         links=LinkSigner("https://gw.test", LINK_KEY, 3600),
     )
 
@@ -300,7 +301,15 @@ class FakeFile:
     tenant: str
     data: bytes
     name: str
-    media_type: str
+    mime_type: str = "image/png"
+
+    @property
+    def bytes(self) -> int:
+        return len(self.data)
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
 
 
 class FakeFiles:
@@ -309,11 +318,9 @@ class FakeFiles:
     def __init__(self) -> None:
         self.stored: list[FakeFile] = []
 
-    async def put(
-        self, tenant: str, data: bytes | Iterable[bytes], name: str, media_type: str
-    ) -> FakeFile:
+    async def put(self, tenant: str, data: bytes | Iterable[bytes], name: str) -> FakeFile:
         whole = data if isinstance(data, bytes) else b"".join(data)
-        stored = FakeFile(f"file_fake{len(self.stored):08d}", tenant, whole, name, media_type)
+        stored = FakeFile(f"file_fake{len(self.stored):08d}", tenant, whole, name)
         self.stored.append(stored)
         return stored
 
@@ -418,6 +425,11 @@ class FakeTransport:
         self, method: str, path: str, request_id: str, timeout_s: float
     ) -> tuple[int, Any]:
         raise AssertionError("not on a request's path")
+
+    async def post_json(
+        self, path: str, body: Any, request_id: str, timeout_s: float
+    ) -> tuple[int, Any]:
+        raise AssertionError("no approval on this request's path")
 
     async def get_metrics(self, path: str, timeout_s: float, limit: int) -> tuple[int, bytes]:
         raise AssertionError("not on a request's path")

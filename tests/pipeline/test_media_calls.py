@@ -284,11 +284,13 @@ async def test_url_images_are_stored_as_tenant_files_and_linked(rig: _Rig) -> No
     body = {"model": "image", "prompt": "p", "n": 2, "size": "64x64", "response_format": "url"}
     call = rig.plan(api, body)
     await rig.run(call, api)
-    files = rig.services.files
+    files = rig.services.image_files
     assert isinstance(files, FakeFiles)
-    assert [(f.tenant, f.data, f.media_type) for f in files.stored] == [
-        ("acme", png(64, 64), "image/png")
-    ] * 2
+    assert [(f.tenant, f.data, f.name) for f in files.stored] == [
+        ("acme", png(64, 64), "image-1.png"),
+        ("acme", png(64, 64), "image-2.png"),
+    ]
+    assert rig.services.files is None  # the agents' store is not the images' (yet)
     links = [d["url"] for d in orjson.loads(rig.reply()[1])["data"]]
     for link, stored in zip(links, files.stored, strict=True):
         prefix = f"https://gw.test/v1/files/{stored.id}/content?sig="

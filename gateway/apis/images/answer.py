@@ -173,7 +173,7 @@ class ImagesDialect:
         if request.url:
             # Decoded again as the file is written: never whole beside the base64.
             name = f"image-{len(self._images)}.png"
-            self._files.append(OutputFile(decoded(item.b64), name, "image/png"))
+            self._files.append(OutputFile(decoded(item.b64), name))
         return None
 
     def error_frame(self, exc: GatewayError) -> bytes:

@@ -101,7 +101,7 @@ def test_url_images_are_handed_over_as_files_and_answered_with_their_links() -> 
     dialect.next_call()
     feed(dialect, image_answer(image))
     files = dialect.report().files
-    assert [f.media_type for f in files] == ["image/png"] * 2
+    assert [f.name for f in files] == ["image-1.png", "image-2.png"]
     pieces = [f.data for f in files]
     assert all(not isinstance(p, bytes) for p in pieces)  # decoded as the file is written
     assert [b"".join(p) for p in pieces if not isinstance(p, bytes)] == [image] * 2
