@@ -191,16 +191,26 @@ def test_an_image_worker_without_a_request_id_echo_is_served(stack: Stack) -> No
     assert response.data is not None and len(response.data) == 1
 
 
+@pytest.mark.parametrize("endpoint", ["images", "speech"])
 @pytest.mark.parametrize(
     ("status", "code", "http"), [(422, "invalid_request", 400), (500, "upstream_error", 502)]
 )
-def test_worker_errors_map_as_settled(stack: Stack, status: int, code: str, http: int) -> None:
+def test_worker_errors_map_as_settled(
+    stack: Stack, endpoint: str, status: int, code: str, http: int
+) -> None:
+    client = stack.sdk()
+    directive = f"x [[sim status={status}]]"
     with pytest.raises(openai.APIStatusError) as caught:
-        stack.sdk().images.generate(model="flux", prompt=f"x [[sim status={status}]]", size="64x64")
+        if endpoint == "images":
+            client.images.generate(model="flux", prompt=directive, size="64x64")
+        else:
+            client.audio.speech.create(model="dia", voice="alloy", input=directive)
     assert caught.value.status_code == http
     assert isinstance(caught.value.body, dict) and caught.value.body["code"] == code
     if status == 422:
         assert caught.value.body["message"] == "simulated failure"
+    receipt = stack.receipt(caught.value.response.headers["x-request-id"])
+    assert receipt["outcome"] == "upstream_error"
 
 
 def test_each_image_counts_against_requests_per_minute(stack: Stack) -> None:
