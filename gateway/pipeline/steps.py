@@ -23,6 +23,7 @@ from gateway.apis.base import Api, Endpoint, Plan
 from gateway.apis.responses.conversation import MAX_LINKS, PARAM, expand
 from gateway.apis.usage import estimate_prompt_tokens
 from gateway.books.receipts import ReleaseMark
+from gateway.books.state.guard import require_state
 from gateway.config.policy import Tenant
 from gateway.core.body import check_size
 from gateway.core.errors import GatewayError
@@ -82,16 +83,13 @@ async def run(call: Call, routed: Routed, api: Api, plan: Plan) -> None:
     services, tenant, resolved = call.services, call.tenant, routed.resolved
     worker = resolved.worker
     staging = services.staging
-    route_agents = worker.config.agents
-    if (
-        route_agents is not None
-        and route_agents.mcp_config
-        and api.endpoint.tool_loop == "ungoverned"
-    ):
+    agents = worker.config.agents
+    if agents is not None and agents.mcp_config and api.endpoint.tool_loop == "ungoverned":
         # Its worker would run its MCP tools for this path unasked (reference §3.2).
-        raise GatewayError(
-            "model_not_capable", "This model runs tools unasked here.", param="model"
-        )
+        message = "This model would run its tools unasked on this path."
+        raise GatewayError("model_not_capable", message, param="model")
+    # The store known down: refused before any of it runs, the worker untouched (spec §24).
+    require_state(services.state, plan)
     forward = api.forward(plan, resolved.route)
     if plan.previous_response_id is not None:
         # The conversation is the gateway's (spec §17): forwarded whole, counted
@@ -139,13 +137,16 @@ async def run(call: Call, routed: Routed, api: Api, plan: Plan) -> None:
                 body = body_layout(forward, plan, routed.records, staging)
                 check_size(body.size, resolved.worker.config.max_request_bytes)
         await _admit(call, routed, api, plan)
-        if index == 0 and any(ref.source == "data" for ref in plan.media):
-            # Inline data is decoded and staged only now, after the permit.
-            began = now()
-            await stage_inline(call, routed, plan)
-            call.timings.add_media(now() - began)
-            body = refill(body, plan, routed.records, staging)
-            check_size(body.size, worker.config.max_request_bytes)
+        if index == 0:
+            # Admitted: its write-ahead line, so a replica killed from now on leaves a trace (§24).
+            services.receipts.open(call.receipt)
+            if any(ref.source == "data" for ref in plan.media):
+                # Inline data is decoded and staged only now, after the permit.
+                began = now()
+                await stage_inline(call, routed, plan)
+                call.timings.add_media(now() - began)
+                body = refill(body, plan, routed.records, staging)
+                check_size(body.size, worker.config.max_request_bytes)
         fallback = None if resolved.other is None else Fallback(call, routed, api, plan, forward)
         final = index == plan.calls - 1
         await call_worker(call, routed, api, plan, body, rate_headers, fallback, final=final)
