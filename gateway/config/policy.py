@@ -18,7 +18,15 @@ from gateway.config.agents import PolicyAgents
 from gateway.config.releases import RELEASE_PREFIX
 
 Endpoint = Literal[
-    "chat.completions", "completions", "responses", "embeddings", "messages", "models", "evidence"
+    "chat.completions",
+    "completions",
+    "responses",
+    "embeddings",
+    "messages",
+    "images",
+    "speech",
+    "models",
+    "evidence",
 ]
 Modality = Literal["text", "image", "audio", "video"]
 #: what a credential may be for (spec §4; ``metrics``: ``/metrics`` on the callers' port, §24)
@@ -117,12 +125,17 @@ class PolicyAdmission(Model):
 
 
 class Cost(Model):
-    """Permit units one request takes: base plus one amount per media part."""
+    """Permit units one request takes: base plus one amount per media part; an
+    image generation or a speech request takes its own amount instead (spec §23)."""
 
     base: Annotated[int, Field(ge=0)] = Field(1, description="Units of every request.")
     image: Annotated[int, Field(ge=0)] = Field(1, description="Units per image part.")
     audio: Annotated[int, Field(ge=0)] = Field(1, description="Units per audio part.")
     video: Annotated[int, Field(ge=0)] = Field(2, description="Units per video part.")
+    image_generation: Annotated[int, Field(ge=0)] = Field(
+        4, description="Units of each image generated (each of `n` is its own worker call)."
+    )
+    speech: Annotated[int, Field(ge=0)] = Field(2, description="Units of a speech request.")
 
 
 class MediaPolicy(Model):

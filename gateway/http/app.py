@@ -30,6 +30,7 @@ from gateway.http.inference import InferenceEndpoint
 from gateway.http.responses_api import response_cancel, response_input_items, response_item
 from gateway.http.routes import livez, metrics, models, readyz
 from gateway.http.runtime import Runtime, build_runtime, close_runtime, start_background
+from gateway.http.signed_files import signed_file_content
 from gateway.observe.access import RequestInfo
 from gateway.observe.logs import access_writer
 from gateway.observe.tracing import NO_SPAN, NS, Tracing, failed
@@ -298,6 +299,8 @@ def create_app(loaded: Loaded, tracing: Tracing | None = None) -> GatewayApp:
         Route(
             "/v1/responses/{response_id}/input_items", _Raw(response_input_items), methods=["GET"]
         ),
+        # Interim: the signed links of url images (spec §23), until the files API (§22).
+        Route("/v1/files/{file_id}/content", _Raw(signed_file_content), methods=["GET"]),
         Route("/livez", _Raw(livez), methods=["GET"]),
         Route("/readyz", _Raw(readyz), methods=["GET"]),
     ]

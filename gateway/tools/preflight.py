@@ -15,7 +15,8 @@ Theory of operation:
   certificate and key load together into an ``ssl.SSLContext`` (so a key of
   another certificate is caught), the client CA bundle loads as verify
   locations, a JWKS must give keys usable under the issuer's algorithms, an
-  HS256 secret must be set in the environment.
+  HS256 secret must be set in the environment, as must the link key of
+  ``images.url_key_env`` (at least 32 bytes).
 * Nothing is created or written. A directory the server will create
   (``staging.dir``, the folders of ``audit.path`` and ``staging.catalog``)
   passes when it exists and is writable, or when its nearest existing
@@ -70,6 +71,7 @@ from gateway.config.loader import (
 from gateway.config.policy import PolicySet
 from gateway.config.releases import RELEASE_PREFIX
 from gateway.core.digests import placeholder_reason
+from gateway.core.signed_urls import MIN_KEY_BYTES
 from gateway.ratelimit.factory import store_password
 from gateway.tools.findings import Finding as Finding
 from gateway.tools.findings import error as _error
@@ -110,6 +112,14 @@ def preflight(
             findings.append(
                 _error("state.dsn_env", f"environment variable {name} holds no postgresql:// DSN")
             )
+    name = config.images.url_key_env
+    if name is not None and len(env.get(name, "").encode()) < MIN_KEY_BYTES:
+        findings.append(
+            _error(
+                "images.url_key_env",
+                f"environment variable {name} must hold at least {MIN_KEY_BYTES} bytes",
+            )
+        )
     findings += launch_digest_warnings(config)
     findings += check_agents(config, env)
     return findings

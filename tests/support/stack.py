@@ -177,19 +177,24 @@ def running_stack(
     server_options: dict[str, Any] | None = None,
     more_upstreams: list[dict[str, Any]] | None = None,
     tracing: Tracing | None = None,
+    kinds: dict[str, str] | None = None,
     **sections: Any,
 ) -> Iterator[Stack]:
     """The simulator behind a gateway. ``more_upstreams`` adds workers (spec §16):
-    the simulator is then the upstream named ``default`` among them."""
+    the simulator is then the upstream named ``default`` among them. ``kinds``
+    adds routes of other kinds (spec §23: route -> kind) beside its chat route,
+    served by the same simulator."""
     from gateway.testing.harness import SIM_ROUTE
 
-    sim = Simulator(model_id=SIM_ROUTE, **(sim_options or {}))
+    extra = list((kinds or {}).items())
+    sim = Simulator(model_ids=[SIM_ROUTE, *extra], **(sim_options or {}))
     sim.start()
     try:
-        if more_upstreams:
-            default = {"name": "default", "base_url": sim.base_url, "routes": [SIM_ROUTE]}
+        if more_upstreams or extra:
+            routes = [SIM_ROUTE, *({"route": r, "kind": k} for r, k in extra)]
+            default = {"name": "default", "base_url": sim.base_url, "routes": routes}
             default.update(sections.pop("upstream", {}))
-            sections["upstreams"] = [default, *more_upstreams]
+            sections["upstreams"] = [default, *(more_upstreams or [])]
         config = write_config(
             directory,
             upstream_port=sim.port,

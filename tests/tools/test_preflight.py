@@ -202,6 +202,16 @@ def test_hs256_secret_must_be_set_and_is_never_shown(tmp_path: Path) -> None:
     assert short not in str(findings[0])
 
 
+def test_the_image_link_key_must_be_set_long_and_is_never_shown(tmp_path: Path) -> None:
+    config = _config(tmp_path, images={"url_key_env": "LINK_KEY"})
+    short = "k" * 31
+    for env in ({}, {"LINK_KEY": short}):
+        findings = _findings(config, env={**ENV, **env})
+        assert [(f.key, f.level) for f in findings] == [("images.url_key_env", "error")]
+        assert "32 bytes" in findings[0].problem and short not in str(findings[0])
+    assert _findings(config, env={**ENV, "LINK_KEY": "k" * 32}) == []
+
+
 def test_directories_must_be_usable(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("x")

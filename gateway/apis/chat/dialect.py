@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import orjson
 
-from gateway.apis.base import Plan, Report, StreamBounds
+from gateway.apis.base import OneCall, Plan, Report, StreamBounds
 from gateway.apis.chat.agentic import ChunkSource, agent_source
 from gateway.apis.chat.answer import RUST_WHITESPACE, CollectedAnswer, answer_logprob
 from gateway.apis.chat.grammar import (
@@ -58,7 +58,7 @@ __all__ = [
 ]
 
 
-class ChunkDialect:
+class ChunkDialect(OneCall):
     """One chat or completion answer, for a streaming or a non-streaming caller."""
 
     terminal_frame = DONE_FRAME

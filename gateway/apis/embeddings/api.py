@@ -51,6 +51,7 @@ import orjson
 from gateway.apis.base import (
     Dialect,
     Endpoint,
+    OneCall,
     Plan,
     PlanContext,
     Report,
@@ -139,6 +140,8 @@ class EmbeddingsApi:
         operation="embeddings",
         media_param="input",
         exchange="json",
+        # A chat route also embeds: every config before route kinds did (spec §23 deviation).
+        route_kinds=frozenset({"embeddings", "chat"}),
     )
 
     def plan(self, body: Any, ctx: PlanContext) -> Plan:
@@ -284,7 +287,7 @@ class EmbeddingsBody(JsonBody):
         return answer
 
 
-class EmbeddingsDialect:
+class EmbeddingsDialect(OneCall):
     """The worker's embeddings JSON, checked (module docstring), alias put back."""
 
     terminal_frame = b""

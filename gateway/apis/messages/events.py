@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from gateway.apis.base import Plan, Report, StreamBounds
+from gateway.apis.base import OneCall, Plan, Report, StreamBounds
 from gateway.apis.chat.dialect import ChunkDialect
 from gateway.apis.chat.grammar import Chunk
 from gateway.apis.embeddings.api import JsonBody
@@ -67,7 +67,7 @@ def tool_input(arguments: str) -> Any:
     return parsed if isinstance(parsed, dict) else {"arguments": arguments}
 
 
-class MessagesDialect:
+class MessagesDialect(OneCall):
     """One chat answer from the worker, for an Anthropic caller."""
 
     def __init__(self, plan: Plan, bounds: StreamBounds, *, collect: bool) -> None:
@@ -289,7 +289,7 @@ class MessagesDialect:
         }
 
 
-class CountTokensDialect:
+class CountTokensDialect(OneCall):
     """The worker's ``{"input_tokens": n}``, checked; nothing is generated."""
 
     terminal_frame = b""

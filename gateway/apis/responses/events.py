@@ -46,7 +46,7 @@ from typing import Any
 
 import orjson
 
-from gateway.apis.base import OutputText, Plan, Report, StreamBounds, TextNul
+from gateway.apis.base import OneCall, OutputText, Plan, Report, StreamBounds, TextNul
 from gateway.apis.chat.answer import worker_text
 from gateway.apis.chat.grammar import DONE_FRAME
 from gateway.apis.ids import InnerIds, gateway_id
@@ -302,7 +302,7 @@ class ResponsesValidator(StreamValidator[ResponseEvent]):
 _OUTCOMES = {"response.completed": "complete", "response.failed": "upstream_error"}
 
 
-class ResponsesDialect:
+class ResponsesDialect(OneCall):
     """One Responses answer, for a streaming or a non-streaming caller."""
 
     terminal_frame = DONE_FRAME
