@@ -18,7 +18,14 @@ from gateway.config.agents import PolicyAgents
 from gateway.config.releases import RELEASE_PREFIX
 
 Endpoint = Literal[
-    "chat.completions", "completions", "responses", "embeddings", "messages", "models", "evidence"
+    "chat.completions",
+    "completions",
+    "responses",
+    "embeddings",
+    "messages",
+    "models",
+    "evidence",
+    "files",
 ]
 Modality = Literal["text", "image", "audio", "video"]
 MEDIA_MODALITIES: tuple[Modality, ...] = ("image", "audio", "video")

@@ -28,14 +28,16 @@ from gateway import __version__
 from gateway.admission import AdmissionGroup
 from gateway.auth.authenticator import Authenticator
 from gateway.auth.keys import load_key_set
+from gateway.books.approvals import ApprovalBook
 from gateway.books.evidence.service import EvidenceService
+from gateway.books.files.book import FileBook
 from gateway.books.receipts import ReceiptWriter
 from gateway.books.responses import ResponseBook
-from gateway.books.state.factory import State, evidence_service, open_state
+from gateway.books.state.factory import State, evidence_service, file_book, open_state
 from gateway.config import GatewayConfig
 from gateway.config.diff import changed_keys
 from gateway.config.loader import ConfigError, Loaded, load_config, load_policies
-from gateway.config.policy import PolicySet
+from gateway.config.policy import PolicySet, Tenant
 from gateway.core.errors import GatewayError
 from gateway.observe.listener import MetricsListener
 from gateway.observe.metrics import GatewayMetrics
@@ -91,6 +93,10 @@ class Runtime:
     uploads: asyncio.Semaphore
     #: which Responses ids are whose
     responses: ResponseBook
+    #: tenant files (spec §22): what agent runs produced, served by /v1/files
+    files: FileBook
+    #: caller approvals (spec §22), decided through any replica
+    approvals: ApprovalBook
     #: what one request's steps use of the above
     services: Services
     keys_http: httpx.AsyncClient | None = None
@@ -287,6 +293,10 @@ async def build_runtime(loaded: Loaded, tracing: Tracing | None = None) -> Runti
     except GatewayError as exc:
         # A shared store down at start: serve what needs no state; the sweep retries.
         log.warning("state: recovery at start failed (%s); the lease sweep will retry", exc.code)
+    files = file_book(config, state)
+    # Blobs a crash left unnamed (never raises: a store down is the next sweep's).
+    await files.sweep(at_start=not state.shared)
+    approvals = ApprovalBook(state.approvals, timeout_s=config.state.timeout_s)
     ratelimit = build_limits_store(config, metrics)
     await ratelimit.start()
     metrics.watch_limits_store(lambda: ratelimit.healthy, lambda: ratelimit.pending_settlements)
@@ -316,6 +326,8 @@ async def build_runtime(loaded: Loaded, tracing: Tracing | None = None) -> Runti
         metrics=metrics,
         uploads=asyncio.Semaphore(config.staging.max_concurrent_uploads),
         responses=responses,
+        files=files,
+        approvals=approvals,
         services=Services(
             table=table,
             readiness=readiness,
@@ -325,6 +337,8 @@ async def build_runtime(loaded: Loaded, tracing: Tracing | None = None) -> Runti
             metrics=metrics,
             staging=config.staging,
             blobs=evidence.store,
+            files=files,
+            approvals=approvals,
         ),
         keys_http=keys_http,
         tracing=tracing if tracing is not None else tracing_from_env(os.environ),
@@ -348,20 +362,14 @@ async def start_background(runtime: Runtime) -> None:
 
 
 async def _sweep_expired(runtime: Runtime) -> None:
-    """Forget records past their tenant's evidence.ttl_s (lookups already skip them)."""
+    """Forget records and files past their tenant's evidence.ttl_s (lookups
+    already skip them), expired leases and approvals, blobs nothing names."""
     interval = runtime.config.staging.expiry_sweep_s
     while True:
         await asyncio.sleep(interval)
         for tenant in list(runtime.policies.tenants.values()):
-            if not tenant.policy.evidence.ttl_s:
-                continue
-            try:
-                forgotten = await runtime.evidence.expire(tenant)
-            except GatewayError as exc:
-                log.warning("evidence expiry for %s failed: %s", tenant.name, exc.code)
-                continue
-            if forgotten:
-                log.info("evidence expiry: %d records of %s forgotten", forgotten, tenant.name)
+            if tenant.policy.evidence.ttl_s:
+                await _expire_tenant(runtime, tenant)
         try:
             # Leases a crashed replica left (spec §17): whichever replica sees them first.
             swept = await runtime.evidence.sweep()
@@ -370,6 +378,30 @@ async def _sweep_expired(runtime: Runtime) -> None:
         else:
             if swept:
                 log.info("evidence: %d expired leases dropped", swept)
+        await runtime.files.sweep()
+        await _sweep_approvals(runtime)
+
+
+async def _expire_tenant(runtime: Runtime, tenant: Tenant) -> None:
+    for what, expire in (("records", runtime.evidence.expire), ("files", runtime.files.expire)):
+        try:
+            forgotten = await expire(tenant)
+        except GatewayError as exc:
+            log.warning("evidence expiry (%s) for %s failed: %s", what, tenant.name, exc.code)
+            continue
+        if forgotten:
+            log.info("evidence expiry: %d %s of %s forgotten", forgotten, what, tenant.name)
+
+
+async def _sweep_approvals(runtime: Runtime) -> None:
+    try:
+        # A crashed replica's approvals (spec §22): whichever replica sees them first.
+        swept = await runtime.approvals.sweep()
+    except GatewayError as exc:
+        log.warning("approvals sweep failed: %s", exc.code)
+    else:
+        if swept:
+            log.info("approvals: %d expired approvals deleted", swept)
 
 
 async def close_runtime(runtime: Runtime) -> None:
@@ -407,6 +439,7 @@ async def close_runtime(runtime: Runtime) -> None:
         ("readiness", runtime.readiness.aclose),
         ("releases", runtime.table.releases.aclose),
         ("responses", responses),
+        ("approvals", runtime.approvals.aclose),
         ("cancel confirmations", runtime.table.release_held),
         ("receipts", lambda: runtime.receipts.aclose(flush_s)),
         ("limits store", lambda: runtime.ratelimit.aclose(_LIMITS_CLOSE_S)),

@@ -17,9 +17,11 @@ from typing import Protocol
 from gateway.books.evidence.leases import Inline
 from gateway.books.evidence.records import EvidenceRecord
 from gateway.books.evidence.store import EvidenceStore
-from gateway.books.protocols import KeptResponse
+from gateway.books.files.records import FileRecord
+from gateway.books.protocols import Decision, KeptResponse
 from gateway.books.receipts import Receipt
 from gateway.config import StagingConfig
+from gateway.config.policy import Tenant
 from gateway.observe.metrics import GatewayMetrics
 from gateway.pipeline.cancel import Exchange
 from gateway.ratelimit.base import Hold
@@ -83,6 +85,30 @@ class Conversations(Protocol):
     async def chain(self, tenant: str, response_id: str, max_links: int) -> list[KeptResponse]: ...
 
 
+class TenantFiles(Protocol):
+    """Where the files a request produced are kept, per tenant (spec §22
+    "Files", §23 ``url`` images: ``FileBook``): bytes in, the record out (its
+    id, name, size, digest and sniffed type: ``FileRecord.to_event()`` is what
+    the caller is shown)."""
+
+    async def put(self, tenant: Tenant, data: bytes, name: str) -> FileRecord: ...
+
+
+class Approvals(Protocol):
+    """Caller approvals as one agentic stream uses them (``ApprovalBook``, spec
+    §22 "Asking the caller"): open before the caller sees the id, wait for the
+    decision made through any replica (None: ``timeout_s`` passed), close
+    when done with it (decided, timed out, or the stream ended)."""
+
+    async def open(
+        self, tenant: str, request_id: str, approval_id: str | None = None, *, ttl_s: float = ...
+    ) -> str: ...
+
+    async def wait(self, approval_id: str, timeout_s: float) -> Decision | None: ...
+
+    async def close(self, approval_id: str) -> None: ...
+
+
 @dataclass(eq=False)
 class Services:
     #: route -> worker (transport, admission, identity) and the releases
@@ -95,5 +121,9 @@ class Services:
     staging: StagingConfig
     #: the staged evidence files the forwarded body's media are read from
     blobs: EvidenceStore
+    #: the tenant's produced files (spec §22)
+    files: TenantFiles
+    #: caller approvals of agentic streams (spec §22)
+    approvals: Approvals
     #: in-flight requests, so that a drain can wait for them and end the rest
     inflight: set[Exchange] = field(default_factory=set)

@@ -4,6 +4,7 @@ a caller's ASGI ``send`` that records (and can stop reading), a chat plan."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
@@ -15,7 +16,9 @@ from gateway.books.evidence.encode import BodyProducer
 from gateway.books.evidence.leases import Inline
 from gateway.books.evidence.records import EvidenceRecord
 from gateway.books.evidence.store import EvidenceStore
-from gateway.books.protocols import KeptResponse
+from gateway.books.files.records import FileRecord, new_file_id
+from gateway.books.files.sniff import sniff_file
+from gateway.books.protocols import Decision, KeptResponse
 from gateway.books.receipts import Receipt
 from gateway.config import GatewayConfig, LimitsConfig, StagingConfig
 from gateway.config.policy import Modality, PolicyLimits, Tenant, TenantPolicy, resolve_limits
@@ -276,7 +279,59 @@ def make_services(
         metrics=GatewayMetrics(),
         staging=config.staging if config is not None else StagingConfig(),
         blobs=no_blobs(),
+        files=FakeFiles(),
+        approvals=FakeApprovals(),
     )
+
+
+class FakeFiles:
+    """The file book as the pipeline uses it: records (and their bytes) kept in
+    a list, the type sniffed as the real book does; ``fail`` is raised instead."""
+
+    def __init__(self) -> None:
+        self.kept: list[tuple[FileRecord, bytes]] = []
+        self.fail: GatewayError | None = None
+
+    async def put(self, tenant: Tenant, data: bytes, name: str) -> FileRecord:
+        if self.fail is not None:
+            raise self.fail
+        kind = sniff_file(data)
+        digest = hashlib.sha256(data).hexdigest()
+        record = FileRecord(
+            new_file_id(), tenant.name, name, digest, kind.mime, kind.ext, len(data), 0
+        )
+        self.kept.append((record, data))
+        return record
+
+
+class FakeApprovals:
+    """Caller approvals as a stream uses them: ``decisions`` answers each wait
+    (absent: the wait times out, None), every call noted in ``events``."""
+
+    def __init__(self, decisions: dict[str, Decision] | None = None) -> None:
+        self.decisions: dict[str, Decision] = dict(decisions or {})
+        self.events: list[tuple[str, str]] = []
+        self.opened = 0
+
+    async def open(
+        self,
+        tenant: str,
+        request_id: str,
+        approval_id: str | None = None,
+        *,
+        ttl_s: float = 330.0,
+    ) -> str:
+        self.opened += 1
+        approval_id = approval_id or f"apr_{self.opened:032x}"
+        self.events.append(("open", approval_id))
+        return approval_id
+
+    async def wait(self, approval_id: str, timeout_s: float) -> Decision | None:
+        self.events.append(("wait", approval_id))
+        return self.decisions.get(approval_id)
+
+    async def close(self, approval_id: str) -> None:
+        self.events.append(("close", approval_id))
 
 
 class AllReady:

@@ -5,7 +5,8 @@ Theory of operation:
 - A file's name is ``<sha256>.<ext>`` of its bytes, flat in one directory, so
   identical bytes are stored once and a name can only ever hold those bytes.
 - A file becomes visible only complete: bytes go to ``.tmp-<random>`` in the
-  same directory, are made read-only (0o444) and fsynced, then renamed onto
+  same directory (0o600), are made read-only for the gateway's user and group
+  (0o440: never world-readable, spec §24) and fsynced, then renamed onto
   the final name, and the directory is fsynced so the rename survives a
   crash. A crash before the rename leaves only a temp file, which
   :meth:`EvidenceStore.sweep_temp` removes at the next start.
@@ -37,16 +38,24 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import anyio.to_thread
 
-from gateway.books.evidence.sniff import EXTENSIONS, MediaType
+from gateway.books.evidence.sniff import EXTENSIONS
 from gateway.core.errors import GatewayError
 
 TEMP_PREFIX = ".tmp-"
 _LOCK_NAME = ".lock"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _STORED_NAME = re.compile(r"^([0-9a-f]{64})\.([a-z0-9]{1,8})$")
+
+
+class Typed(Protocol):
+    """What a stored file's name takes of its sniffed type (a media type, a file type)."""
+
+    @property
+    def ext(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,8 +121,10 @@ def _flock(fd: int) -> None:
 class EvidenceStore:
     """Files named by their SHA-256 in one directory; see the module docstring."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, extensions: frozenset[str] = EXTENSIONS) -> None:
         self._dir = directory
+        #: what a stored name may end in (the file store's are its own, spec §22)
+        self._extensions = extensions
         #: tasks of this process take turns before one of them takes the flock
         self._local = asyncio.Lock()
         #: bytes of stored media read back so far (what tests assert on: a
@@ -148,7 +159,7 @@ class EvidenceStore:
                 os.close(fd)
 
     def path_for(self, sha256: str, ext: str) -> Path:
-        if not _SHA256.match(sha256) or ext not in EXTENSIONS:
+        if not _SHA256.match(sha256) or ext not in self._extensions:
             raise GatewayError("storage_error", "Invalid evidence file name.")
         return self._dir / f"{sha256}.{ext}"
 
@@ -160,7 +171,7 @@ class EvidenceStore:
             raise GatewayError("storage_error") from exc
         return TempUpload(fd, Path(temp))
 
-    def adopt(self, upload: TempUpload, media: MediaType) -> StoredFile:
+    def adopt(self, upload: TempUpload, media: Typed) -> StoredFile:
         """Make a finished upload ``<sha256>.<ext>`` (or drop it if an intact copy is there)."""
         digest = upload.sha256
         target = self.path_for(digest, media.ext)
@@ -172,8 +183,8 @@ class EvidenceStore:
                 upload.discard()
                 return stored
             # Read-only before it becomes visible: no moment exists where
-            # the final name is writable.
-            os.fchmod(fd, 0o444)
+            # the final name is writable (or readable by others).
+            os.fchmod(fd, 0o440)
             os.fsync(fd)
             os.close(fd)
             upload.fd = None
@@ -195,7 +206,7 @@ class EvidenceStore:
             raise
         return upload
 
-    def put(self, data: bytes, media: MediaType) -> StoredFile:
+    def put(self, data: bytes, media: Typed) -> StoredFile:
         """Store ``data`` as ``<sha256>.<ext>`` unless an intact copy is already there
         (a damaged copy under the name is replaced by the good bytes)."""
         return self.adopt(self.stage(data), media)
@@ -251,7 +262,7 @@ class EvidenceStore:
         found: list[tuple[str, str]] = []
         for name in sorted(names):
             match = _STORED_NAME.match(name)
-            if match and match.group(2) in EXTENSIONS:
+            if match and match.group(2) in self._extensions:
                 found.append((match.group(1), match.group(2)))
         return found
 

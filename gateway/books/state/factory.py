@@ -9,10 +9,19 @@ from pathlib import Path
 
 from gateway.books.evidence.service import RESERVE_SUFFIX, EvidenceService
 from gateway.books.evidence.store import EvidenceStore
-from gateway.books.protocols import EvidenceCatalog, ReleaseStore, ResponseStore
+from gateway.books.files.book import FileBook, file_store
+from gateway.books.protocols import (
+    ApprovalStore,
+    EvidenceCatalog,
+    FileCatalog,
+    ReleaseStore,
+    ResponseStore,
+)
 from gateway.books.state.calls import StateCalls
+from gateway.books.state.sqlite.approvals import SqliteApprovalStore
 from gateway.books.state.sqlite.catalog import Catalog
 from gateway.books.state.sqlite.evidence import SqliteCatalog
+from gateway.books.state.sqlite.files import SqliteFileCatalog
 from gateway.books.state.sqlite.releases import SqliteReleaseStore
 from gateway.books.state.sqlite.responses import SqliteResponseStore
 from gateway.config import GatewayConfig
@@ -32,11 +41,15 @@ class State:
     responses: ResponseStore
     #: release decisions and the arms' figures (spec §18)
     releases: ReleaseStore
+    #: tenant files' records and caller approvals (spec §22)
+    files: FileCatalog
+    approvals: ApprovalStore
     calls: StateCalls
     #: other replicas share it (their leases, temps and responses are theirs)
     shared: bool
     #: closes what the books above hold that their protocols do not close
-    #: (``ReleaseStore`` has no ``close``: a runtime's fake needs none)
+    #: (``ReleaseStore``, ``FileCatalog`` and ``ApprovalStore`` have none: a
+    #: runtime's fake needs none)
     closers: tuple[Callable[[], Awaitable[None]], ...] = field(default=())
 
     async def close(self) -> None:
@@ -57,7 +70,9 @@ def open_state(
     state = config.state
     if state.backend == "postgres":
         # Imported here: a SQLite-only install never loads the driver.
+        from gateway.books.state.postgres.approvals import PgApprovalStore
         from gateway.books.state.postgres.evidence import PgCatalog
+        from gateway.books.state.postgres.files import PgFileCatalog
         from gateway.books.state.postgres.pool import PgPool, dsn_from
         from gateway.books.state.postgres.releases import PgReleaseStore
         from gateway.books.state.postgres.responses import PgResponseStore
@@ -68,6 +83,8 @@ def open_state(
             PgCatalog(pool, calls, state.replica),
             PgResponseStore(pool, calls),
             PgReleaseStore(pool, calls),
+            PgFileCatalog(pool, calls),
+            PgApprovalStore(pool, calls),
             calls,
             True,
         )
@@ -76,7 +93,18 @@ def open_state(
     catalog = SqliteCatalog(Catalog(path), calls)
     responses = SqliteResponseStore(path)
     releases = SqliteReleaseStore(path)
-    return State(catalog, responses, releases, calls, False, closers=(releases.close,))
+    files = SqliteFileCatalog(path)
+    approvals = SqliteApprovalStore(path)
+    return State(
+        catalog,
+        responses,
+        releases,
+        files,
+        approvals,
+        calls,
+        False,
+        closers=(releases.close, files.close, approvals.shutdown),
+    )
 
 
 def evidence_service(
@@ -95,3 +123,9 @@ def evidence_service(
         lease_ttl_s=evidence_lease_s(config),
         shared=state.shared,
     )
+
+
+def file_book(config: GatewayConfig, state: State) -> FileBook:
+    """Tenant files (spec §22) over the configured backend, their blobs in
+    ``<staging.dir>/files``."""
+    return FileBook(file_store(Path(config.staging.dir)), state.files)

@@ -32,7 +32,7 @@ def test_put_names_file_by_digest_read_only(tmp_path: Path) -> None:
     stored = store.put(DATA, PNG)
     assert (stored.sha256, stored.ext, stored.bytes) == (DIGEST, "png", len(DATA))
     assert stored.path == tmp_path / "ev" / f"{DIGEST}.png" == store.path_for(DIGEST, "png")
-    assert stat.S_IMODE(stored.path.stat().st_mode) == 0o444
+    assert stat.S_IMODE(stored.path.stat().st_mode) == 0o440
     assert store.read(DIGEST, "png") == DATA
     assert names(tmp_path / "ev") == {f"{DIGEST}.png"}
     assert store.files() == [(DIGEST, "png")]
@@ -55,7 +55,7 @@ def test_put_repairs_a_damaged_copy(tmp_path: Path) -> None:
     path.write_bytes(b"damaged")
     store.put(DATA, PNG)
     assert store.read(DIGEST, "png") == DATA
-    assert stat.S_IMODE(path.stat().st_mode) == 0o444
+    assert stat.S_IMODE(path.stat().st_mode) == 0o440
 
 
 def test_tampered_file_fails_digest_check(tmp_path: Path) -> None:
