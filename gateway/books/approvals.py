@@ -90,6 +90,11 @@ class ApprovalBook:
         """Approvals registered here (opened and not yet closed)."""
         return len(self._waiters)
 
+    @property
+    def polling(self) -> bool:
+        """Whether the poller runs (only while approvals are registered)."""
+        return self._poller is not None
+
     async def open(
         self,
         tenant: str,
@@ -104,12 +109,14 @@ class ApprovalBook:
             raise GatewayError("state_unavailable")
         approval_id = approval_id or new_approval_id()
         expires = self._clock() + ttl_s
+        waiter = _Waiter(expires)
         # Registered first: a decision can only follow the row, and finds its waiter.
-        self._waiters[approval_id] = _Waiter(expires)
+        if self._waiters.setdefault(approval_id, waiter) is not waiter:
+            raise ValueError("an approval id is opened once")
         try:
             await self._bounded(self.store.open(tenant, request_id, approval_id, expires))
         except BaseException:
-            self._waiters.pop(approval_id, None)
+            del self._waiters[approval_id]
             raise
         return approval_id
 

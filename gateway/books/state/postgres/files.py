@@ -24,15 +24,15 @@ _INSERT = (
     "VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
 )
 _USAGE = "SELECT count(*), coalesce(sum(bytes), 0) FROM tenant_files WHERE tenant = $1"
-#: the tenant's files, newest first, past the count or byte bound (not the new one)
+#: the tenant's files past the count or byte bound, counted from the new one
+#: (first whatever its clock said), then newest first
+_ORDER = "ORDER BY id = $4 DESC, created DESC, seq DESC"
 _FORGET_OLDEST = (
-    "WITH o AS ("
-    " SELECT id,"
-    "  row_number() OVER (ORDER BY created DESC, seq DESC) AS n,"
-    "  sum(bytes) OVER (ORDER BY created DESC, seq DESC) AS upto"
+    "WITH o AS ("  # noqa: S608 - constant text
+    f" SELECT id, row_number() OVER ({_ORDER}) AS n, sum(bytes) OVER ({_ORDER}) AS upto"
     " FROM tenant_files WHERE tenant = $1"
     ") DELETE FROM tenant_files f USING o"
-    " WHERE f.id = o.id AND (o.n > $2 OR o.upto > $3) AND f.id <> $4"
+    " WHERE f.id = o.id AND (o.n > $2 OR o.upto > $3)"
     " RETURNING f.id, f.tenant, f.name, f.sha256, f.mime_type, f.ext, f.bytes, f.created"
 )
 

@@ -46,15 +46,15 @@ _STEPS: tuple[str, ...] = (
 _COLUMNS = "id, tenant, name, sha256, mime_type, ext, bytes, created"
 _INSERT = f"INSERT INTO tenant_files ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"  # noqa: S608
 _USAGE = "SELECT count(*), coalesce(sum(bytes), 0) FROM tenant_files WHERE tenant = ?"
-#: the tenant's files, newest first, past the count or byte bound (not the new one)
+#: the tenant's files past the count or byte bound, counted from the new one
+#: (first whatever its clock said), then newest first
+_ORDER = "ORDER BY id = :new DESC, created DESC, rowid DESC"
 _FORGET_OLDEST = (
     f"DELETE FROM tenant_files WHERE id IN ("  # noqa: S608 - constant text
     " SELECT id FROM ("
-    "  SELECT id,"
-    "   row_number() OVER (ORDER BY created DESC, rowid DESC) AS n,"
-    "   sum(bytes) OVER (ORDER BY created DESC, rowid DESC) AS upto"
-    "  FROM tenant_files WHERE tenant = ?"
-    " ) WHERE (n > ? OR upto > ?) AND id <> ?"
+    f"  SELECT id, row_number() OVER ({_ORDER}) AS n, sum(bytes) OVER ({_ORDER}) AS upto"
+    "  FROM tenant_files WHERE tenant = :tenant"
+    " ) WHERE n > :count OR upto > :bytes"
     f") RETURNING {_COLUMNS}"
 )
 
@@ -93,7 +93,10 @@ class SqliteFileCatalog:
             if count <= bound[0] and used <= bound[1]:
                 return []
             # Rare: only past the bound are the tenant's rows read, newest first.
-            forgotten = conn.execute(_FORGET_OLDEST, (record.tenant, bound[0], bound[1], record.id))
+            forgotten = conn.execute(
+                _FORGET_OLDEST,
+                {"new": record.id, "tenant": record.tenant, "count": bound[0], "bytes": bound[1]},
+            )
             return [_record(row) for row in forgotten]
 
         return await self._file.write(work)
