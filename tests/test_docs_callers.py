@@ -39,6 +39,7 @@ ENDPOINTS = [
     "messages",
     "models",
     "evidence",
+    "files",
 ]
 FILES = {"photo.png": build_png, "clip.wav": build_wav, "clip.mp4": build_mp4}
 #: what the simulated worker answers in a section (its side of the example)

@@ -86,6 +86,9 @@ def test_the_record_is_an_openai_file_object_with_its_digest_and_sniffed_type(
         "chart.png",
         "file",
     )
+    # What docs/callers.md reads of it: the gateway's fields beside the SDK's.
+    assert got.model_extra is not None and got.model_extra["mime_type"] == "image/png"
+    assert got.purpose == "agent_output"  # type: ignore[comparison-overlap]
     assert sdk.files.content(record.id).content == PNG
 
 
