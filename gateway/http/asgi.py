@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from types import MappingProxyType
 
 from gateway.auth.authenticator import authorize
 from gateway.auth.failures import failure_reason
@@ -35,7 +36,7 @@ _SCOPES = {
 }
 #: an approval belongs to an agentic stream: a tenant that may call either
 #: endpoint such a stream runs on may decide its own (spec §22)
-_ALLOWED_BY = {"approvals": ("chat.completions", "messages")}
+_ALLOWED_BY = MappingProxyType({"approvals": ("chat.completions", "messages")})
 
 
 def header(scope: Scope, name: bytes) -> list[bytes]:

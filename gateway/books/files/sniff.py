@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Final
 
 from gateway.books.evidence.sniff import MEDIA_TYPES, sniff
@@ -37,7 +38,7 @@ GZIP: Final = FileType("application/gzip", "gz")
 TEXT: Final = FileType("text/plain", "txt")
 BINARY: Final = FileType("application/octet-stream", "bin")
 
-_MEDIA: Final = {m.mime: FileType(m.mime, m.ext) for m in MEDIA_TYPES}
+_MEDIA: Final = MappingProxyType({m.mime: FileType(m.mime, m.ext) for m in MEDIA_TYPES})
 _OTHERS: Final = (PDF, ZIP, GZIP, TEXT, BINARY)
 
 #: every extension a file blob can have
