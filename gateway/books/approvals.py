@@ -4,8 +4,9 @@ over any :class:`~gateway.books.protocols.ApprovalStore`.
 Theory of operation:
 
 - The replica holding an agentic stream :meth:`ApprovalBook.open`\\ s an
-  approval (``apr_`` and 128 random bits, bound to the tenant and the
-  request) before it shows the caller its id, then :meth:`ApprovalBook.wait`\\ s
+  approval under an id it made (``apr_`` and 128 random bits,
+  ``new_approval_id``), bound to the tenant and the request, before it shows
+  the caller the id, then :meth:`ApprovalBook.wait`\\ s
   for the decision, and :meth:`ApprovalBook.close`\\ s it when the stream is
   done with it (decided, timed out, or the stream ended): a decision after
   that is ``not_found``.
@@ -40,7 +41,6 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from gateway.apis.agents.frames import new_approval_id
 from gateway.books.protocols import DECISION_VALUES, ApprovalStore, Decision, Resolution
 from gateway.config.agents import WORKER_APPROVAL_TIMEOUT_S
 from gateway.core.errors import GatewayError
@@ -96,18 +96,13 @@ class ApprovalBook:
         return self._poller is not None
 
     async def open(
-        self,
-        tenant: str,
-        request_id: str,
-        approval_id: str | None = None,
-        *,
-        ttl_s: float = DEFAULT_TTL_S,
-    ) -> str:
-        """A new pending approval of the tenant's request; its id (made here
-        unless given: the stream's replica makes it)."""
+        self, tenant: str, request_id: str, approval_id: str, *, ttl_s: float = DEFAULT_TTL_S
+    ) -> None:
+        """A new pending approval of the tenant's request, under the id the
+        stream's replica made (``new_approval_id``); shown to the caller only
+        once this returned."""
         if self._closed:
             raise GatewayError("state_unavailable")
-        approval_id = approval_id or new_approval_id()
         expires = self._clock() + ttl_s
         waiter = _Waiter(expires)
         # Registered first: a decision can only follow the row, and finds its waiter.
@@ -118,7 +113,6 @@ class ApprovalBook:
         except BaseException:
             del self._waiters[approval_id]
             raise
-        return approval_id
 
     async def decide(self, tenant: str, approval_id: str, decision: Decision) -> Resolution:
         """The caller's decision, through this replica; wakes a waiter here at once."""

@@ -72,10 +72,10 @@ async def file_item(scope: Scope, receive: Receive, send: Send) -> None:
     try:
         tenant = await tenant_for(scope, rt, "files")
         if scope["method"] == "DELETE":
-            record = await rt.files.delete(tenant, file_id)
+            record = await rt.files.delete(tenant.name, file_id)
             answer = {"id": record.id, "object": "file", "deleted": True}
         else:
-            answer = (await rt.files.get(tenant, file_id)).to_api()
+            answer = (await rt.files.get(tenant.name, file_id)).to_api()
     except GatewayError as exc:
         await send_error(send, exc, info)
         return
@@ -89,7 +89,7 @@ async def file_content(scope: Scope, receive: Receive, send: Send) -> None:
     file_id: str = scope["path_params"]["file_id"]
     try:
         tenant = await tenant_for(scope, rt, "files")
-        record = await rt.files.get(tenant, file_id)
+        record = await rt.files.get(tenant.name, file_id)
         content = await rt.files.open(record)
     except GatewayError as exc:
         await send_error(send, exc, info)

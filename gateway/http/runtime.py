@@ -37,7 +37,7 @@ from gateway.books.state.factory import State, evidence_service, file_book, open
 from gateway.config import GatewayConfig
 from gateway.config.diff import changed_keys
 from gateway.config.loader import ConfigError, Loaded, load_config, load_policies
-from gateway.config.policy import PolicySet, Tenant
+from gateway.config.policy import EvidencePolicy, PolicySet, Tenant
 from gateway.core.errors import GatewayError
 from gateway.observe.listener import MetricsListener
 from gateway.observe.metrics import GatewayMetrics
@@ -293,7 +293,14 @@ async def build_runtime(loaded: Loaded, tracing: Tracing | None = None) -> Runti
     except GatewayError as exc:
         # A shared store down at start: serve what needs no state; the sweep retries.
         log.warning("state: recovery at start failed (%s); the lease sweep will retry", exc.code)
-    files = file_book(config, state)
+
+    def evidence_of(tenant: str) -> EvidencePolicy:
+        # Read at each call (late-bound: ``runtime`` is assigned below, before any
+        # request), so a reload's policies apply to files at once.
+        found = runtime.policies.tenants.get(tenant)
+        return found.policy.evidence if found is not None else EvidencePolicy()
+
+    files = file_book(config, state, evidence_of)
     # Blobs a crash left unnamed (never raises: a store down is the next sweep's).
     await files.sweep(at_start=not state.shared)
     approvals = ApprovalBook(state.approvals, timeout_s=config.state.timeout_s)
@@ -383,9 +390,12 @@ async def _sweep_expired(runtime: Runtime) -> None:
 
 
 async def _expire_tenant(runtime: Runtime, tenant: Tenant) -> None:
-    for what, expire in (("records", runtime.evidence.expire), ("files", runtime.files.expire)):
+    for what, expire in (
+        ("records", runtime.evidence.expire(tenant)),
+        ("files", runtime.files.expire(tenant.name)),
+    ):
         try:
-            forgotten = await expire(tenant)
+            forgotten = await expire
         except GatewayError as exc:
             log.warning("evidence expiry (%s) for %s failed: %s", what, tenant.name, exc.code)
             continue

@@ -12,16 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from gateway.books.evidence.leases import Inline
 from gateway.books.evidence.records import EvidenceRecord
 from gateway.books.evidence.store import EvidenceStore
-from gateway.books.files.records import FileRecord
-from gateway.books.protocols import Decision, KeptResponse
+from gateway.books.protocols import KeptResponse
 from gateway.books.receipts import Receipt
 from gateway.config import StagingConfig
-from gateway.config.policy import Tenant
 from gateway.observe.metrics import GatewayMetrics
 from gateway.pipeline.cancel import Exchange
 from gateway.ratelimit.base import Hold
@@ -85,26 +83,41 @@ class Conversations(Protocol):
     async def chain(self, tenant: str, response_id: str, max_links: int) -> list[KeptResponse]: ...
 
 
+class KeptFile(Protocol):
+    """A file the gateway keeps for a tenant (spec §22 "Files")."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def bytes(self) -> int: ...
+
+    @property
+    def sha256(self) -> str: ...
+
+    @property
+    def mime_type(self) -> str: ...
+
+
 class TenantFiles(Protocol):
-    """Where the files a request produced are kept, per tenant (spec §22
-    "Files", §23 ``url`` images: ``FileBook``): bytes in, the record out (its
-    id, name, size, digest and sniffed type: ``FileRecord.to_event()`` is what
-    the caller is shown)."""
+    """The tenant file store as an agentic run uses it: bytes in, a record out
+    (the type sniffed from the bytes)."""
 
-    async def put(self, tenant: Tenant, data: bytes, name: str) -> FileRecord: ...
+    async def put(self, tenant: str, data: bytes, name: str) -> KeptFile: ...
 
 
-class Approvals(Protocol):
-    """Caller approvals as one agentic stream uses them (``ApprovalBook``, spec
-    §22 "Asking the caller"): open before the caller sees the id, wait for the
-    decision made through any replica (None: ``timeout_s`` passed), close
-    when done with it (decided, timed out, or the stream ended)."""
+class CallerApprovals(Protocol):
+    """Approvals asked of the caller (spec §22): bound to the tenant and the
+    request, decided through any replica."""
 
-    async def open(
-        self, tenant: str, request_id: str, approval_id: str | None = None, *, ttl_s: float = ...
-    ) -> str: ...
+    async def open(self, tenant: str, request_id: str, approval_id: str) -> None: ...
 
-    async def wait(self, approval_id: str, timeout_s: float) -> Decision | None: ...
+    async def wait(self, approval_id: str, timeout_s: float) -> Literal["approve", "deny"] | None:
+        """The caller's decision, or None when none came within ``timeout_s``."""
+        ...
 
     async def close(self, approval_id: str) -> None: ...
 
@@ -121,9 +134,9 @@ class Services:
     staging: StagingConfig
     #: the staged evidence files the forwarded body's media are read from
     blobs: EvidenceStore
-    #: the tenant's produced files (spec §22)
+    #: where an agentic run keeps the files the worker made (spec §22)
     files: TenantFiles
-    #: caller approvals of agentic streams (spec §22)
-    approvals: Approvals
+    #: approvals asked of callers (spec §22)
+    approvals: CallerApprovals
     #: in-flight requests, so that a drain can wait for them and end the rest
     inflight: set[Exchange] = field(default_factory=set)

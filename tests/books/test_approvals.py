@@ -61,7 +61,8 @@ async def test_a_decision_through_the_same_replica_wakes_the_stream_at_once(
 ) -> None:
     # A poll interval no test waits for: only the in-process path can deliver.
     book = ApprovalBook(stores[0], timeout_s=TIMEOUT_S, poll_s=60)
-    approval = await book.open("acme", "req-1")
+    approval = new_approval_id()
+    await book.open("acme", "req-1", approval)
     waiting = asyncio.create_task(book.wait(approval, 10))
     await asyncio.sleep(0)  # the stream is waiting
     began = time.monotonic()
@@ -81,7 +82,8 @@ async def test_a_decision_through_another_replica_is_seen_within_a_second(
     elsewhere = ApprovalBook(stores[1], timeout_s=TIMEOUT_S)
     latencies = []
     for n in range(3):
-        approval = await holder.open("acme", f"req-{n}")
+        approval = new_approval_id()
+        await holder.open("acme", f"req-{n}", approval)
         waiting = asyncio.create_task(holder.wait(approval, 10))
         await asyncio.sleep(0.05 * n)  # decisions land at different points of a poll
         began = time.monotonic()
@@ -101,7 +103,8 @@ async def test_a_wait_times_out_and_a_closed_approval_takes_no_decision(
 ) -> None:
     holder = ApprovalBook(stores[0], timeout_s=TIMEOUT_S)
     elsewhere = ApprovalBook(stores[1], timeout_s=TIMEOUT_S)
-    approval = await holder.open("acme", "req-1")
+    approval = new_approval_id()
+    await holder.open("acme", "req-1", approval)
     began = time.monotonic()
     assert await holder.wait(approval, 0.3) is None
     assert time.monotonic() - began >= 0.3
@@ -119,7 +122,8 @@ async def test_another_tenant_cannot_decide_and_a_second_decision_is_refused(
 ) -> None:
     holder = ApprovalBook(stores[0], timeout_s=TIMEOUT_S)
     elsewhere = ApprovalBook(stores[1], timeout_s=TIMEOUT_S)
-    approval = await holder.open("acme", "req-1")
+    approval = new_approval_id()
+    await holder.open("acme", "req-1", approval)
     assert await elsewhere.decide("globex", approval, "approve") == "not_found"
     assert await holder.decide("globex", approval, "approve") == "not_found"
     assert await holder.wait(approval, 0.4) is None  # nothing was decided
@@ -135,8 +139,10 @@ async def test_a_decision_made_before_the_wait_is_not_lost(
     stores: tuple[ApprovalStore, ApprovalStore],
 ) -> None:
     holder = ApprovalBook(stores[0], timeout_s=TIMEOUT_S)
-    mine = await holder.open("acme", "req-1")
-    theirs = await holder.open("acme", "req-2")
+    mine = new_approval_id()
+    await holder.open("acme", "req-1", mine)
+    theirs = new_approval_id()
+    await holder.open("acme", "req-2", theirs)
     assert await holder.decide("acme", mine, "approve") == "resolved"
     assert (
         await ApprovalBook(stores[1], timeout_s=TIMEOUT_S).decide("acme", theirs, "deny")
@@ -184,7 +190,8 @@ async def test_a_store_failing_for_a_while_delays_the_decision_but_never_breaks_
     inner = SqliteApprovalStore(tmp_path / "catalog.sqlite3")
     holder = ApprovalBook(FlakyStore(inner, failures=3), timeout_s=TIMEOUT_S, poll_s=0.02)
     elsewhere = ApprovalBook(inner, timeout_s=TIMEOUT_S)
-    approval = await holder.open("acme", "req-1")
+    approval = new_approval_id()
+    await holder.open("acme", "req-1", approval)
     assert await elsewhere.decide("acme", approval, "approve") == "resolved"
     with caplog.at_level("INFO", logger="gateway.approvals"):
         assert await holder.wait(approval, 5) == "approve"
@@ -198,7 +205,8 @@ async def test_registrations_past_their_expiry_are_dropped_and_swept(tmp_path: P
     store = SqliteApprovalStore(tmp_path / "catalog.sqlite3")
     clock = FakeClock()
     book = ApprovalBook(store, timeout_s=TIMEOUT_S, poll_s=0.01, clock=clock)
-    approval = await book.open("acme", "req-1", ttl_s=30)
+    approval = new_approval_id()
+    await book.open("acme", "req-1", approval, ttl_s=30)
     waiting = asyncio.create_task(book.wait(approval, 0.5))
     clock.advance(31)  # the stream's replica never closed it
     assert await waiting is None
@@ -209,13 +217,15 @@ async def test_registrations_past_their_expiry_are_dropped_and_swept(tmp_path: P
     await store.shutdown()
 
 
-async def test_ids_are_the_gateways_and_a_failed_open_registers_nothing(tmp_path: Path) -> None:
+async def test_an_id_is_opened_once_and_a_failed_open_registers_nothing(tmp_path: Path) -> None:
     store = SqliteApprovalStore(tmp_path / "catalog.sqlite3")
     book = ApprovalBook(store, timeout_s=TIMEOUT_S)
-    made = {await book.open("acme", "req-1") for _ in range(20)}
+    made = {new_approval_id() for _ in range(20)}
     assert len(made) == 20 and all(len(i) == 36 and i.startswith("apr_") for i in made)
+    for approval in made:
+        await book.open("acme", "req-1", approval)
     given = new_approval_id()
-    assert await book.open("acme", "req-2", given) == given
+    await book.open("acme", "req-2", given)
     with pytest.raises(ValueError, match="opened once"):
         await book.open("acme", "req-3", given)
     with pytest.raises(GatewayError) as info:
@@ -231,5 +241,5 @@ async def test_ids_are_the_gateways_and_a_failed_open_registers_nothing(tmp_path
         await book.decide("acme", given, "maybe")  # type: ignore[arg-type]
     await book.aclose()
     with pytest.raises(GatewayError):
-        await book.open("acme", "req-4")
+        await book.open("acme", "req-4", new_approval_id())
     await store.shutdown()

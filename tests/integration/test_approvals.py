@@ -44,8 +44,8 @@ def submit(stack: Stack, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Fut
 
 def opened(stack: Stack, tenant: str = "acme") -> str:
     """An approval as the stream's replica opens it (its id is the gateway's)."""
-    approvals = stack.runtime.approvals
-    approval_id: str = submit(stack, approvals.open(tenant, "req_" + "0" * 32)).result(10)
+    approval_id = new_approval_id()
+    submit(stack, stack.runtime.approvals.open(tenant, "req_" + "0" * 32, approval_id)).result(10)
     return approval_id
 
 

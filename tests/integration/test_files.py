@@ -48,8 +48,7 @@ def on_loop(stack: Stack, coro: Coroutine[Any, Any, T]) -> T:
 
 def put(stack: Stack, data: bytes, name: str, tenant: str = "acme") -> FileRecord:
     """A file as an agent run of ``tenant`` would leave it."""
-    rt = stack.runtime
-    record: FileRecord = on_loop(stack, rt.files.put(rt.policies.tenants[tenant], data, name))
+    record: FileRecord = on_loop(stack, stack.runtime.files.put(tenant, data, name))
     return record
 
 

@@ -23,7 +23,6 @@ from gateway.books.state.postgres.approvals import PgApprovalStore
 from gateway.books.state.postgres.files import PgFileCatalog
 from gateway.books.state.postgres.pool import PgPool
 from gateway.testing.harness import default_policy
-from tests.books.evidence.support import make_tenant
 from tests.support.evidence import PNG
 from tests.support.fleet import LIMITS, fleet
 from tests.support.redis import RedisServer
@@ -62,7 +61,8 @@ async def test_a_decision_through_another_replica_reaches_the_stream_within_a_se
     async with fleet(tmp_path, monkeypatch, postgres_dsn, shared_redis, TENANTS) as f:
         for round_ in range(6):
             replica = round_ % 2
-            approval = await holder.open("acme", f"req_{round_:032x}")
+            approval = new_approval_id()
+            await holder.open("acme", f"req_{round_:032x}", approval)
             waiting = asyncio.create_task(holder.wait(approval, 10))
             async with f.direct(replica) as mine, f.direct(1 - replica, "globex") as theirs:
                 # Another tenant, through either replica: as unknown as a made-up id.
@@ -89,7 +89,8 @@ async def test_a_decision_through_another_replica_reaches_the_stream_within_a_se
                 )
                 assert code(late) == (404, "approval_not_found")
         # Racing callers through the balancer: exactly one decision wins.
-        approval = await holder.open("acme", "req_race")
+        approval = new_approval_id()
+        await holder.open("acme", "req_race", approval)
         async with f.client() as balanced:
             answers = await asyncio.gather(
                 *(
@@ -119,7 +120,7 @@ async def test_a_file_is_its_tenants_through_every_replica_and_nobody_elses(
     async with fleet(tmp_path, monkeypatch, postgres_dsn, shared_redis, TENANTS) as f:
         # What a run on the holding replica produced, on the shared volume and database.
         book = FileBook(file_store(f.staging), PgFileCatalog(pool, StateCalls(5.0)))
-        record = await book.put(make_tenant("acme"), PNG, "chart.png")
+        record = await book.put("acme", PNG, "chart.png")
         seen = []
         for index in range(2):
             async with f.direct(index) as mine, f.direct(index, "globex") as theirs:

@@ -292,14 +292,12 @@ class FakeFiles:
         self.kept: list[tuple[FileRecord, bytes]] = []
         self.fail: GatewayError | None = None
 
-    async def put(self, tenant: Tenant, data: bytes, name: str) -> FileRecord:
+    async def put(self, tenant: str, data: bytes, name: str) -> FileRecord:
         if self.fail is not None:
             raise self.fail
         kind = sniff_file(data)
         digest = hashlib.sha256(data).hexdigest()
-        record = FileRecord(
-            new_file_id(), tenant.name, name, digest, kind.mime, kind.ext, len(data), 0
-        )
+        record = FileRecord(new_file_id(), tenant, name, digest, kind.mime, kind.ext, len(data), 0)
         self.kept.append((record, data))
         return record
 
@@ -311,20 +309,9 @@ class FakeApprovals:
     def __init__(self, decisions: dict[str, Decision] | None = None) -> None:
         self.decisions: dict[str, Decision] = dict(decisions or {})
         self.events: list[tuple[str, str]] = []
-        self.opened = 0
 
-    async def open(
-        self,
-        tenant: str,
-        request_id: str,
-        approval_id: str | None = None,
-        *,
-        ttl_s: float = 330.0,
-    ) -> str:
-        self.opened += 1
-        approval_id = approval_id or f"apr_{self.opened:032x}"
+    async def open(self, tenant: str, request_id: str, approval_id: str) -> None:
         self.events.append(("open", approval_id))
-        return approval_id
 
     async def wait(self, approval_id: str, timeout_s: float) -> Decision | None:
         self.events.append(("wait", approval_id))

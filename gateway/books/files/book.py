@@ -19,6 +19,8 @@ Theory of operation:
   are stored twice.
 - Every lookup is the tenant's (another tenant's id is an unknown one,
   ``file_not_found``); a malformed id is not looked up at all.
+- Tenants are named; their policy is read at each call (``policy_of``: the
+  runtime's current policies, so a reload applies at once).
 - A tenant's files live for its ``evidence.ttl_s`` (0: until deleted):
   older ones are invisible at once and forgotten by :meth:`FileBook.expire`,
   the runtime's periodic sweep. What a tenant keeps is bounded by the same
@@ -51,7 +53,7 @@ from gateway.books.evidence.store import EvidenceStore
 from gateway.books.files.records import FileRecord, is_file_id, new_file_id, plain_name
 from gateway.books.files.sniff import FILE_EXTENSIONS, sniff_file
 from gateway.books.protocols import FileCatalog
-from gateway.config.policy import Tenant
+from gateway.config.policy import EvidencePolicy
 from gateway.core.errors import GatewayError
 
 log = logging.getLogger("gateway.files")
@@ -67,6 +69,10 @@ _TEMP_AGE_S = 3600.0
 _SWEEP_BATCH = 1000
 
 __all__ = ["FILES_DIR", "PIECE", "FileBook", "FileContent", "file_store"]
+
+
+def _defaults(tenant: str) -> EvidencePolicy:
+    return EvidencePolicy()
 
 
 def file_store(staging_dir: Path) -> EvidenceStore:
@@ -122,19 +128,22 @@ class FileBook:
         store: EvidenceStore,
         catalog: FileCatalog,
         *,
+        policy_of: Callable[[str], EvidencePolicy] = _defaults,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
         self._catalog = catalog
+        #: a tenant's TTL and bound, as its policy says now
+        self._policy_of = policy_of
         self._clock = clock
 
     @property
     def store(self) -> EvidenceStore:
         return self._store
 
-    async def put(self, tenant: Tenant, data: bytes, name: str) -> FileRecord:
+    async def put(self, tenant: str, data: bytes, name: str) -> FileRecord:
         """Keep ``data`` as one of the tenant's files named ``name``; its record."""
-        policy = tenant.policy.evidence
+        policy = self._policy_of(tenant)
         if len(data) > policy.max_bytes:
             raise GatewayError(
                 "evidence_quota_exceeded", "The file is larger than the tenant may keep."
@@ -143,7 +152,7 @@ class FileBook:
         upload = await anyio.to_thread.run_sync(self._store.stage, data)
         record = FileRecord(
             id=new_file_id(),
-            tenant=tenant.name,
+            tenant=tenant,
             name=plain_name(name),
             sha256=upload.sha256,
             mime_type=kind.mime,
@@ -170,11 +179,11 @@ class FileBook:
             await self._drop_blobs(forgotten)
         return record
 
-    async def get(self, tenant: Tenant, file_id: str) -> FileRecord:
+    async def get(self, tenant: str, file_id: str) -> FileRecord:
         """The tenant's live file; ``file_not_found`` otherwise (another tenant's too)."""
         record = None
         if is_file_id(file_id):
-            record = await self._catalog.get(tenant.name, file_id, self._not_before(tenant))
+            record = await self._catalog.get(tenant, file_id, self._not_before(tenant))
         if record is None:
             raise GatewayError("file_not_found")
         return record
@@ -195,23 +204,23 @@ class FileBook:
         """The whole file, digest-checked (for files small enough to hold)."""
         return await anyio.to_thread.run_sync(self._store.read, record.sha256, record.ext)
 
-    async def delete(self, tenant: Tenant, file_id: str) -> FileRecord:
+    async def delete(self, tenant: str, file_id: str) -> FileRecord:
         """Forget the tenant's file at once, through every replica; its blob goes
         once nothing names it."""
         record = None
         if is_file_id(file_id):
-            record = await self._catalog.delete(tenant.name, file_id)
+            record = await self._catalog.delete(tenant, file_id)
         if record is None:
             raise GatewayError("file_not_found")
         await self._drop_blobs([record])
         return record
 
-    async def expire(self, tenant: Tenant) -> int:
+    async def expire(self, tenant: str) -> int:
         """Forget the tenant's files past its ``evidence.ttl_s``; how many."""
         not_before = self._not_before(tenant)
         if not not_before:
             return 0
-        records = await self._catalog.expire(tenant.name, not_before)
+        records = await self._catalog.expire(tenant, not_before)
         await self._drop_blobs(records)
         return len(records)
 
@@ -238,9 +247,9 @@ class FileBook:
             log.info("files: %d blobs no record named were removed", removed)
         return removed
 
-    def _not_before(self, tenant: Tenant) -> int:
+    def _not_before(self, tenant: str) -> int:
         """Files created before this (unix seconds) are past the tenant's TTL."""
-        ttl = tenant.policy.evidence.ttl_s
+        ttl = self._policy_of(tenant).ttl_s
         return int(self._clock() - ttl) if ttl else 0
 
     async def _drop_blobs(self, records: Sequence[FileRecord]) -> None:

@@ -25,6 +25,7 @@ from gateway.books.state.sqlite.files import SqliteFileCatalog
 from gateway.books.state.sqlite.releases import SqliteReleaseStore
 from gateway.books.state.sqlite.responses import SqliteResponseStore
 from gateway.config import GatewayConfig
+from gateway.config.policy import EvidencePolicy
 
 #: an evidence lease outlives the longest request by this much (spec §17)
 LEASE_MARGIN_S = 10.0
@@ -125,7 +126,9 @@ def evidence_service(
     )
 
 
-def file_book(config: GatewayConfig, state: State) -> FileBook:
+def file_book(
+    config: GatewayConfig, state: State, policy_of: Callable[[str], EvidencePolicy]
+) -> FileBook:
     """Tenant files (spec §22) over the configured backend, their blobs in
-    ``<staging.dir>/files``."""
-    return FileBook(file_store(Path(config.staging.dir)), state.files)
+    ``<staging.dir>/files``; ``policy_of`` names a tenant's TTL and bound."""
+    return FileBook(file_store(Path(config.staging.dir)), state.files, policy_of=policy_of)

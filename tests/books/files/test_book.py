@@ -25,8 +25,8 @@ from tests.books.evidence.support import FakeClock, fixture_bytes, make_tenant
 PNG = fixture_bytes("tiny.png")
 PNG_SHA = hashlib.sha256(PNG).hexdigest()
 HTML = b"<!doctype html><script>alert(document.cookie)</script>"
-ACME = make_tenant("acme")
-GLOBEX = make_tenant("globex")
+ACME = "acme"
+GLOBEX = "globex"
 
 
 @pytest.fixture
@@ -34,10 +34,23 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
+def opened(
+    tmp_path: Path, clock: FakeClock, **policies: EvidencePolicy
+) -> tuple[FileBook, SqliteFileCatalog]:
+    """A book whose tenants have ``policies`` (the defaults otherwise)."""
+    catalog = SqliteFileCatalog(tmp_path / "catalog.sqlite3")
+
+    def policy_of(tenant: str) -> EvidencePolicy:
+        return policies.get(tenant, EvidencePolicy())
+
+    book = FileBook(file_store(tmp_path / "staging"), catalog, policy_of=policy_of, clock=clock)
+    return book, catalog
+
+
 @pytest.fixture
 async def book(tmp_path: Path, clock: FakeClock) -> AsyncIterator[FileBook]:
-    catalog = SqliteFileCatalog(tmp_path / "catalog.sqlite3")
-    yield FileBook(file_store(tmp_path / "staging"), catalog, clock=clock)
+    made, catalog = opened(tmp_path, clock)
+    yield made
     await catalog.close()
 
 
@@ -171,9 +184,8 @@ async def test_a_changed_blob_fails_its_digest_check_before_a_byte_is_served(
 async def test_past_the_tenants_ttl_files_are_invisible_then_forgotten(
     tmp_path: Path, clock: FakeClock
 ) -> None:
-    catalog = SqliteFileCatalog(tmp_path / "catalog.sqlite3")
-    book = FileBook(file_store(tmp_path / "staging"), catalog, clock=clock)
-    brief = make_tenant("acme", evidence=EvidencePolicy(ttl_s=60))
+    book, catalog = opened(tmp_path, clock, acme=EvidencePolicy(ttl_s=60))
+    brief = ACME
     try:
         old = await book.put(brief, PNG, "old.png")
         clock.advance(30)
@@ -184,7 +196,7 @@ async def test_past_the_tenants_ttl_files_are_invisible_then_forgotten(
         assert await book.get(brief, new.id) == new
         assert await book.expire(brief) == 1
         assert blobs(book) == {f"{new.sha256}.txt"}
-        assert await book.expire(ACME) == 0  # ttl 0: kept until deleted
+        assert await book.expire(GLOBEX) == 0  # ttl 0: kept until deleted
     finally:
         await catalog.close()
 
@@ -192,9 +204,8 @@ async def test_past_the_tenants_ttl_files_are_invisible_then_forgotten(
 async def test_past_the_tenants_bound_its_oldest_files_go_with_their_blobs(
     tmp_path: Path, clock: FakeClock
 ) -> None:
-    catalog = SqliteFileCatalog(tmp_path / "catalog.sqlite3")
-    book = FileBook(file_store(tmp_path / "staging"), catalog, clock=clock)
-    small = make_tenant("acme", evidence=EvidencePolicy(max_records=2, max_bytes=1000))
+    book, catalog = opened(tmp_path, clock, acme=EvidencePolicy(max_records=2, max_bytes=1000))
+    small = ACME
     try:
         made = []
         for text in (b"one", b"two", b"three"):
@@ -245,19 +256,20 @@ async def test_evidence_and_files_never_take_each_others_blobs(
     evidence = EvidenceService(EvidenceStore(staging), SqliteCatalog(Catalog(tmp_path / "e.db")))
     files_catalog = SqliteFileCatalog(tmp_path / "e.db")
     book = FileBook(file_store(staging), files_catalog, clock=clock)
+    tenant = make_tenant(ACME)
     try:
-        uploaded = await evidence.upload(ACME, PNG, "image/png", None)
+        uploaded = await evidence.upload(tenant, PNG, "image/png", None)
         produced = await book.put(ACME, PNG, "same.png")
         evidence_blob = staging / f"{PNG_SHA}.png"
         file_blob = book.store.directory / f"{PNG_SHA}.png"
         assert evidence_blob.exists() and file_blob.exists()
         # The evidence store's sweeps list only its own directory.
         assert evidence.store.files() == [(PNG_SHA, "png")]
-        await evidence.delete(ACME, uploaded.id)
+        await evidence.delete(tenant, uploaded.id)
         await evidence.recover()
         assert not evidence_blob.exists()
         assert await book.read(produced) == PNG
-        again = await evidence.upload(ACME, PNG, "image/png", None)
+        again = await evidence.upload(tenant, PNG, "image/png", None)
         await book.delete(ACME, produced.id)
         assert await book.sweep(at_start=True) == 0
         assert not file_blob.exists()

@@ -146,7 +146,8 @@ async def test_files_and_approvals_fail_fast_and_a_wait_outlives_the_outage(
     record = FileRecord(new_file_id(), "acme", "a.txt", "a" * 64, "text/plain", "txt", 1, 1)
     try:
         await files.add(record)  # connects and migrates while the store answers
-        approval = await holder.open("acme", "req-1")
+        approval = new_approval_id()
+        await holder.open("acme", "req-1", approval)
         waiting = asyncio.create_task(holder.wait(approval, 30))
         own_postgres.pause()
         try:
