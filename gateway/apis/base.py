@@ -20,16 +20,22 @@ Pure: no I/O library is imported here or by any descriptor.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from gateway.apis.agents.events import AgentEvents
+from gateway.config.agents import RouteAgents
 from gateway.config.policy import Tenant
 from gateway.core.errors import GatewayError
 from gateway.core.sse import Framing, violation
 
 MediaKind = Literal["image", "audio", "video"]
 TextNul = Literal["replace", "pass", "reject"]
+
+
+def _no_agents(route: str) -> RouteAgents | None:
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +47,16 @@ class PlanContext:
     nonce: str
     #: the request's header fields (lower-case names), for descriptors that read them
     headers: tuple[tuple[bytes, bytes], ...] = ()
+    #: the ``agents`` of the worker a policy route reaches (spec §22); None: none
+    route_agents: Callable[[str], RouteAgents | None] = _no_agents
+    #: the key of the worker's session ids (gateway ``agents.session_key_env``)
+    session_key: bytes = b""
+
+    def header(self, name: bytes) -> bytes | None:
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
 
     @property
     def aliases(self) -> Mapping[str, str]:
@@ -85,6 +101,32 @@ class Plan:
     #: the caller sees every usage field the worker reported (policy
     #: ``usage_details: full``), not only the counts (spec §21)
     full_usage: bool = False
+    #: an agentic request (spec §22): what the worker's tool loop may do
+    agent: AgentPlan | None = None
+    #: the caller streams and asked for the agent's events (``x-agent-events: 1``)
+    agent_events: bool = False
+
+
+class AgentPlan(Protocol):
+    """An agentic request as planning left it (``gateway.apis.agents.AgentRequest``)."""
+
+    @property
+    def rounds(self) -> int:
+        """The forwarded (clamped) ``max_tool_rounds``."""
+        ...
+
+    @property
+    def tools(self) -> frozenset[str]: ...
+
+    @property
+    def worker_session_id(self) -> str: ...
+
+    @property
+    def caller_session_id(self) -> str | None: ...
+
+    def apply(self, worker_body: Mapping[str, Any]) -> dict[str, Any]:
+        """The worker's chat request with the agentic fields set."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +139,9 @@ class StreamBounds:
     #: the most prompt tokens the worker may bill (spec §21): a token is at least
     #: one byte of what was forwarded; None: unchecked (the readiness probe)
     max_prompt_tokens: int | None = None
+    #: an agentic stream's event machine (spec §22), shared with the pipeline's
+    #: agent run: its events are read beside the chunks
+    agent: AgentEvents | None = None
 
 
 class OutputText:
@@ -221,6 +266,10 @@ class Endpoint:
     scope: str = "inference"
     #: what the gateway asks the worker for: an SSE stream, or one JSON body
     exchange: Literal["sse", "json"] = "sse"
+    #: whether the worker may run its own tools for this path (spec §22):
+    #: ``governed`` (the gateway reads the agentic events and approves every call),
+    #: ``ungoverned`` (the worker would run them unasked), ``none``
+    tool_loop: Literal["none", "governed", "ungoverned"] = "none"
 
     def __post_init__(self) -> None:
         if not self.upstream_path:

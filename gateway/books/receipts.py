@@ -56,6 +56,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import anyio.to_thread
 import orjson
@@ -142,6 +143,8 @@ class Receipt:
     nul_replaced: int = 0
     #: the release and arm when the alias names a release (spec §18); null otherwise
     release: ReleaseMark | None = None
+    #: an agentic request's rounds, tool calls and decisions, files, worker session (spec §22)
+    agent: dict[str, Any] | None = None
     #: the replica's chain (gateway/books/receipt_chain.py), stamped by the writer
     replica: str | None = None
     seq: int | None = None

@@ -95,7 +95,13 @@ class InferenceEndpoint:
             )
             plan = self.api.plan(
                 parse_json(body, tenant.limits.max_json_depth),
-                PlanContext(tenant, os.urandom(8).hex(), tuple(scope["headers"])),
+                PlanContext(
+                    tenant,
+                    os.urandom(8).hex(),
+                    tuple(scope["headers"]),
+                    route_agents=rt.table.agents_for,
+                    session_key=rt.services.session_key,
+                ),
             )
             call.plan = plan
             routed = steps.resolve(call, plan)

@@ -43,6 +43,7 @@ from gateway.observe.listener import MetricsListener
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.tracing import NO_TRACING, Tracing, settings_from_env
 from gateway.pipeline.cancel import Exchange
+from gateway.pipeline.hostlookup import HostLookup
 from gateway.pipeline.probe import probe
 from gateway.pipeline.services import Services
 from gateway.ratelimit import LimitsStore, build_limits_store
@@ -346,6 +347,8 @@ async def build_runtime(loaded: Loaded, tracing: Tracing | None = None) -> Runti
             blobs=evidence.store,
             files=files,
             approvals=approvals,
+            hosts=HostLookup(config.agents.hosts),
+            session_key=_session_key(config, os.environ),
         ),
         keys_http=keys_http,
         tracing=tracing if tracing is not None else tracing_from_env(os.environ),
@@ -353,6 +356,13 @@ async def build_runtime(loaded: Loaded, tracing: Tracing | None = None) -> Runti
     for problem in await runtime.auth.prefetch():
         log.warning("jwks prefetch: %s", problem)
     return runtime
+
+
+def _session_key(config: GatewayConfig, environ: Mapping[str, str]) -> bytes:
+    """The key of the worker's session ids (spec §22; ``check`` requires it,
+    at least 32 bytes, when a route has agents)."""
+    name = config.agents.session_key_env
+    return environ.get(name, "").encode() if name is not None else b""
 
 
 async def start_background(runtime: Runtime) -> None:

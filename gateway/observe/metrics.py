@@ -213,6 +213,26 @@ class GatewayMetrics:
             ["release"],
             registry=r,
         )
+        self.agent_tool_calls = Counter(
+            "gateway_agent_tool_calls_total",
+            "Tool calls the worker asked to run for a tenant (spec §22), by the tool's policy "
+            "word (web_search, python, mcp, other) and the gateway's decision (approve, deny).",
+            ["tenant", "tool", "decision"],
+            registry=r,
+        )
+        self.agent_rounds = FastHistogram(
+            "gateway_agent_rounds",
+            "Tool rounds of each agentic request.",
+            [],
+            buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=r,
+        )
+        self.agent_files_dropped = Counter(
+            "gateway_agent_files_dropped_total",
+            "Files the worker produced that were not kept (over agents.files bounds, elided).",
+            ["tenant"],
+            registry=r,
+        )
         # Read from the store at scrape time (watch_limits_store).
         self.limits_store_healthy = Gauge(
             "gateway_limits_store_healthy",

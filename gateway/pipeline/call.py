@@ -24,6 +24,7 @@ from gateway.core.errors import GatewayError
 from gateway.core.outcome import Facts
 from gateway.observe.access import RequestInfo
 from gateway.observe.tracing import Span
+from gateway.pipeline.agents import AgentRun
 from gateway.pipeline.cancel import Exchange
 from gateway.pipeline.relay import Relay
 from gateway.pipeline.services import RequestEvidence, Services
@@ -60,6 +61,8 @@ class Attempt:
     span: Span | None = None
     #: counted in its worker's live requests (from sending until the end)
     live: bool = False
+    #: an agentic call's run: the gateway's decisions on its tool calls (spec §22)
+    agent: AgentRun | None = None
 
 
 @dataclass(eq=False)

@@ -22,6 +22,11 @@ Theory of operation:
   (:meth:`Relay.collect`) gets nothing until the answer is complete, then
   :meth:`Relay.reply` sends the dialect's assembled answer. The relay never
   calls back into the pipeline; only it writes its own state.
+- An agentic answer (spec §22) has an :class:`Actor` (``agents.py``): every
+  item is shown to it, and when it needs I/O before the next one (an
+  approval's decision, a file to keep) the relay stops reading, sends what it
+  has, and awaits the actor with the idle and total timers paused (§24); the
+  worker itself waits for the decision.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import hashlib
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from gateway.apis.base import Dialect
 from gateway.core.errors import GatewayError
@@ -43,6 +48,21 @@ from gateway.types import Send
 from gateway.upstream.base import WorkerStream
 
 Opener = Callable[[], Awaitable[WorkerStream]]
+#: frames sent to the caller now (a stream), from inside the actor
+Emit = Callable[[list[bytes]], Awaitable[None]]
+#: how far the deadline moves while the actor works (its own bounds apply)
+_PAUSED_S = 86_400.0
+
+
+class Actor(Protocol):
+    """What an agentic answer's run does between two items (``agents.AgentRun``)."""
+
+    def note(self, item: Any) -> bool:
+        """Every item read; True when :meth:`act` must run before the next one."""
+        ...
+
+    async def act(self, emit: Emit | None) -> list[bytes]: ...
+
 
 KEEPALIVE_FRAME = b":\n\n"
 
@@ -80,13 +100,17 @@ class Relay:
         timeouts: Timeouts,
         response_headers: list[tuple[bytes, bytes]],
         abort: Callable[[], None] | None = None,
+        actor: Actor | None = None,
     ) -> None:
         self.dialect = dialect
+        self.actor = actor
+        self._acting = False
         self.timeouts = timeouts
         self.response_headers = response_headers
         self.abort = abort
         self.state = RelayState()
         self.upstream: WorkerStream | None = None
+        self._total_at = 0.0
         self._sending = False
 
     @property
@@ -149,11 +173,11 @@ class Relay:
     async def _pump(self, open_stream: Opener, send: Send | None) -> None:
         loop = asyncio.get_running_loop()
         start = loop.time()
-        total_deadline = start + self.timeouts.total_s
+        self._total_at = start + self.timeouts.total_s
         source = self.dialect.source
         hasher = self.state.hasher
         try:
-            first = min(start + self.timeouts.first_event_s, total_deadline)
+            first = min(start + self.timeouts.first_event_s, self._total_at)
             # First looked at when the idle deadline after an event would fall:
             # the first event's move is then a float store (deadline.py).
             async with Deadline(first, first_check=start + self.timeouts.idle_s) as deadline:
@@ -171,25 +195,63 @@ class Relay:
                         if send is not None and out:
                             await self._send_body(send, out)
                         raise
-                    if not progressed:
-                        continue
-                    deadline.move_to(min(loop.time() + self.timeouts.idle_s, total_deadline))
+                    if progressed:
+                        deadline.move_to(min(loop.time() + self.timeouts.idle_s, self._total_at))
                     if send is not None and out:
                         await self._send_body(send, out)
+                    if self._acting:
+                        await self._events(send, deadline)
                 source.receive_data(b"")
-                out = []
-                try:
-                    ended = self._drain(out, send is not None, at_eof=True)
-                finally:
-                    if send is not None and out:
-                        await self._send_body(send, out)
-                if not ended:
+                if not await self._events(send, deadline, at_eof=True):
                     raise GatewayError("upstream_protocol_error")
         except TimeoutError as exc:
             if self._sending:
                 # Blocked on the caller, not the worker: the caller stopped reading.
                 raise CallerStalled from exc
             raise GatewayError("upstream_timeout") from exc
+
+    async def _events(self, send: Send | None, deadline: Deadline, *, at_eof: bool = False) -> bool:
+        """The actor's pending work, then every event buffered after it (at EOF:
+        every event left); as :meth:`_drain`, whether any completed (at EOF:
+        whether the answer ended validly)."""
+        result = False
+        while True:
+            if self._acting:
+                self._acting = False
+                await self._act(send, deadline)
+            out: list[bytes] = []
+            try:
+                result = self._drain(out, send is not None, at_eof=at_eof)
+            except GatewayError:
+                if send is not None and out:
+                    await self._send_body(send, out)
+                raise
+            if result and not at_eof:
+                loop = asyncio.get_running_loop()
+                deadline.move_to(min(loop.time() + self.timeouts.idle_s, self._total_at))
+            if send is not None and out:
+                await self._send_body(send, out)
+            if not self._acting:
+                return result
+
+    async def _act(self, send: Send | None, deadline: Deadline) -> None:
+        """The actor's work, with the idle and total timers paused (spec §24)."""
+        actor = self.actor
+        assert actor is not None
+        loop = asyncio.get_running_loop()
+        paused = loop.time()
+        deadline.move_to(paused + _PAUSED_S)
+
+        async def emit(frames: list[bytes]) -> None:
+            assert send is not None
+            await self._send_body(send, frames)
+
+        frames = await actor.act(emit if send is not None else None)
+        now = loop.time()
+        self._total_at += now - paused
+        deadline.move_to(min(now + self.timeouts.idle_s, self._total_at))
+        if send is not None and frames:
+            await self._send_body(send, frames)
 
     def _drain(self, out: list[bytes], streaming: bool, *, at_eof: bool = False) -> bool:
         """Append the frames for every event now available. Returns whether any
@@ -213,6 +275,10 @@ class Relay:
                 self.state.first_content_at = time.monotonic()
             if frame is not None:
                 out.append(frame)
+            if self.actor is not None and self.actor.note(event):
+                # The worker waits for the gateway: act before reading on.
+                self._acting = True
+                return progressed and not at_eof
 
     async def _send_body(self, send: Send, frames: list[bytes]) -> None:
         if not self.state.headers_sent:

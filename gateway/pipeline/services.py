@@ -22,6 +22,7 @@ from gateway.books.receipts import Receipt
 from gateway.config import StagingConfig
 from gateway.observe.metrics import GatewayMetrics
 from gateway.pipeline.cancel import Exchange
+from gateway.pipeline.hostlookup import HostLookup
 from gateway.ratelimit.base import Hold
 from gateway.ratelimit.core import TenantLimits
 from gateway.upstream.table import RouteReadiness, RouteTable
@@ -134,9 +135,13 @@ class Services:
     staging: StagingConfig
     #: the staged evidence files the forwarded body's media are read from
     blobs: EvidenceStore
-    #: where an agentic run keeps the files the worker made (spec §22)
-    files: TenantFiles
-    #: approvals asked of callers (spec §22)
-    approvals: CallerApprovals
     #: in-flight requests, so that a drain can wait for them and end the rest
     inflight: set[Exchange] = field(default_factory=set)
+    #: where an agentic run keeps the files the worker made (spec §22)
+    files: TenantFiles | None = None
+    #: approvals asked of callers (spec §22)
+    approvals: CallerApprovals | None = None
+    #: a web fetch's addresses (``agents.hosts``, then DNS, bounded)
+    hosts: HostLookup = field(default_factory=lambda: HostLookup({}))
+    #: the key of the worker's session ids (gateway ``agents.session_key_env``)
+    session_key: bytes = b""

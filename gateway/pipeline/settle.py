@@ -63,6 +63,9 @@ def settle(call: Call, api: Api) -> None:
         receipt.nul_replaced = report.nul_replaced
         receipt.upstream_id = report.upstream_id
         receipt.usage = call.usage or usage_of(attempt.dialect, call.plan)
+        if attempt.agent is not None:
+            receipt.agent = attempt.agent.receipt()
+            services.metrics.agent_rounds.observe(attempt.agent.machine.rounds)
         if relay.state.first_content_at is not None:
             ttft = relay.state.first_content_at - info.started
             receipt.ttft_ms = ms(ttft)

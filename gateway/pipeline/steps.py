@@ -15,6 +15,7 @@ from gateway.apis.base import Api, Plan
 from gateway.apis.responses.conversation import MAX_LINKS, PARAM, expand
 from gateway.apis.usage import estimate_prompt_tokens
 from gateway.books.receipts import ReleaseMark
+from gateway.config.policy import Tenant
 from gateway.core.body import check_size
 from gateway.core.errors import GatewayError
 from gateway.observe.tracing import NS, step
@@ -65,6 +66,16 @@ async def run(call: Call, routed: Routed, api: Api, plan: Plan) -> None:
     services, tenant, resolved = call.services, call.tenant, routed.resolved
     worker = resolved.worker
     staging = services.staging
+    route_agents = worker.config.agents
+    if (
+        route_agents is not None
+        and route_agents.mcp_config
+        and api.endpoint.tool_loop == "ungoverned"
+    ):
+        # Its worker would run its MCP tools for this path unasked (reference §3.2).
+        raise GatewayError(
+            "model_not_capable", "This model runs tools unasked here.", param="model"
+        )
     forward = api.forward(plan, resolved.route)
     if plan.previous_response_id is not None:
         # The conversation is the gateway's (spec §17): forwarded whole, counted
@@ -89,9 +100,7 @@ async def run(call: Call, routed: Routed, api: Api, plan: Plan) -> None:
                 limits.tokens_per_day,
                 limits.max_concurrent_requests,
             ),
-            (plan.max_tokens or 0) + estimate_prompt_tokens(plan.prompt_bytes)
-            if plan.bills_tokens
-            else 0,
+            _reserve(plan, tenant) if plan.bills_tokens else 0,
             # The slot must outlast the admission wait as well as the worker call.
             wait_s=tenant.policy.admission.queue_timeout_s,
         )
@@ -113,6 +122,16 @@ async def run(call: Call, routed: Routed, api: Api, plan: Plan) -> None:
         check_size(body.size, worker.config.max_request_bytes)
     fallback = None if resolved.other is None else Fallback(call, routed, api, plan, forward)
     await call_worker(call, routed, api, plan, body, rate_headers, fallback)
+
+
+def _reserve(plan: Plan, tenant: Tenant) -> int:
+    """Tokens to reserve: the output bound and a prompt estimate, and for an
+    agentic request ``reserve_tokens_per_round`` per round it may run (spec §22)."""
+    tokens = (plan.max_tokens or 0) + estimate_prompt_tokens(plan.prompt_bytes)
+    policy = tenant.policy.agents
+    if plan.agent is not None and policy is not None:
+        tokens += policy.reserve_tokens_per_round * plan.agent.rounds
+    return tokens
 
 
 async def _conversation(call: Call, response_id: str) -> list[tuple[bytes, bytes]]:

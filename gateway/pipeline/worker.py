@@ -13,6 +13,8 @@ other arm when the first failed before the worker's head.
 
 from __future__ import annotations
 
+import asyncio
+
 import orjson
 
 from gateway.apis.base import Api, Dialect, Plan, StreamBounds
@@ -24,9 +26,10 @@ from gateway.core.body import Layout, MediaSlot
 from gateway.core.errors import GatewayError
 from gateway.core.replies import encode_headers
 from gateway.observe.tracing import NO_SPAN, NS
+from gateway.pipeline.agents import AgentRun, agentic, start_run
 from gateway.pipeline.call import Attempt, Call, Routed
 from gateway.pipeline.fallback import Fallback
-from gateway.pipeline.relay import Relay, Timeouts
+from gateway.pipeline.relay import Opener, Relay, Timeouts
 from gateway.pipeline.timings import now
 from gateway.upstream.base import WorkerStream
 
@@ -66,10 +69,14 @@ async def _attempt(
     """One worker call: the relay set up for this worker, the body sent, the answer relayed."""
     services, info, worker = call.services, call.info, routed.worker
     upstream_cfg = worker.config
+    run = None
+    if agentic(plan, worker, api.endpoint.tool_loop):
+        run = start_run(services, call.tenant, info.request_id, worker, plan)
     bounds = StreamBounds(
         framing=upstream_cfg.framing,
         text_nul=upstream_cfg.text_nul,
         max_prompt_tokens=prompt_token_bound(body, plan),
+        agent=run.machine if run is not None else None,
     )
     dialect = api.dialect(plan, bounds, collect=not plan.stream)
     headers = [*_SSE_HEADERS, *encode_headers(rate_headers)]
@@ -85,9 +92,10 @@ async def _attempt(
         # x-request-id and CORS are added by the app's one send wrapper.
         response_headers=headers,
         abort=call.exchange.drop_connection,
+        actor=run,
     )
     producer = BodyProducer(body, services.blobs)
-    attempt = call.attempt = Attempt(dialect, relay, producer)
+    attempt = call.attempt = Attempt(dialect, relay, producer, agent=run)
     traceparent = None
     if info.span is not NO_SPAN:
         span = attempt.span = info.span.child(
@@ -120,21 +128,56 @@ async def _attempt(
         timings.head_at = now()
         return stream
 
+    if run is None:
+        await _relay(call, relay, opener, plan)
+    else:
+        await _agentic(call, run, relay, opener, plan)
     if plan.stream:
-        await relay.stream_to(opener, call.send)
-        try:
-            await keep_response(call, dialect, plan)
-        except GatewayError as exc:
-            # After headers: the stream ends with one error event, never [DONE].
-            await relay.end_with_error(call.send, exc, upstream_cfg.idle_timeout_s)
-            raise
         await relay.end(call.send)
         return
-    await relay.collect(opener)
     usage = call.usage = usage_of(dialect, plan)
     answer = dialect.answer(public_usage(usage, full=plan.full_usage))
+    if run is not None:
+        answer["agent"] = run.summary()
     await keep_response(call, dialect, plan)
     await relay.reply(call.send, answer, {**rate_headers, "x-usage-source": usage.source})
+
+
+async def _relay(call: Call, relay: Relay, opener: Opener, plan: Plan) -> None:
+    """The worker's answer read whole: streamed to the caller up to its valid
+    end (its Responses id kept before the terminator), or collected."""
+    if not plan.stream:
+        await relay.collect(opener)
+        return
+    await relay.stream_to(opener, call.send)
+    try:
+        await keep_response(call, relay.dialect, plan)
+    except GatewayError as exc:
+        # After headers: the stream ends with one error event, never [DONE].
+        await relay.end_with_error(call.send, exc, relay.timeouts.idle_s)
+        raise
+
+
+async def _agentic(call: Call, run: AgentRun, relay: Relay, opener: Opener, plan: Plan) -> None:
+    """An agentic answer: bounded by the tenant's ``max_run_s`` (which, unlike
+    the stream's timers, does not pause for approvals), and whatever ends it
+    -- the bound, the caller leaving -- a pending approval is denied before
+    the worker's connection is closed (spec §22)."""
+    policy = call.tenant.policy.agents
+    bound = asyncio.timeout(policy.max_run_s if policy is not None else None)
+    try:
+        async with bound:
+            await _relay(call, relay, opener, plan)
+    except TimeoutError:
+        if not bound.expired():
+            raise
+        await run.deny_pending("max_run_s")
+        exc = GatewayError("agent_run_timeout", "The agent run exceeded its time limit.")
+        if relay.state.headers_sent:
+            await relay.end_with_error(call.send, exc, relay.timeouts.idle_s)
+        raise exc from None
+    finally:
+        await run.deny_pending("caller_gone")
 
 
 def prompt_token_bound(body: Layout, plan: Plan) -> int:

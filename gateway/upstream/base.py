@@ -58,6 +58,12 @@ class WorkerTransport(Protocol):
         """A small JSON exchange: its status and parsed body, bounded."""
         ...
 
+    async def post_json(
+        self, path: str, body: Any, request_id: str, timeout_s: float
+    ) -> tuple[int, Any]:
+        """A small JSON POST (an approval's decision): its status and parsed answer."""
+        ...
+
     async def get_metrics(self, path: str, timeout_s: float, limit: int) -> tuple[int, bytes]:
         """The worker's Prometheus exposition, bounded in bytes and time."""
         ...

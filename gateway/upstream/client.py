@@ -277,6 +277,27 @@ class Upstream:
             body = None
         return status, body
 
+    async def post_json(
+        self, path: str, body: Any, request_id: str, timeout_s: float
+    ) -> tuple[int, Any]:
+        """A small JSON POST (an approval's decision, spec §22): its status and
+        parsed answer (None when it is not JSON), bounded like ``request_json``."""
+        try:
+            status, content = await self._small_json(
+                "POST", path, request_id, timeout_s, _MAX_LISTING_BYTES, body=orjson.dumps(body)
+            )
+        except (httpx.TimeoutException, TimeoutError) as exc:
+            raise GatewayError("upstream_timeout") from exc
+        except httpx.HTTPError as exc:
+            raise GatewayError("upstream_unavailable", outcome="upstream_error") from exc
+        except _BadBody as exc:
+            raise GatewayError("upstream_protocol_error") from exc
+        try:
+            answer = orjson.loads(content) if content else None
+        except orjson.JSONDecodeError:
+            answer = None
+        return status, answer
+
     async def get_metrics(self, path: str, timeout_s: float, limit: int) -> tuple[int, bytes]:
         """The worker's Prometheus exposition (spec §20): status and body, bounded
         like every small exchange; :class:`MetricsUnreadable` when it could not be
@@ -296,6 +317,7 @@ class Upstream:
         timeout_s: float,
         limit: int,
         accept: str = "application/json",
+        body: bytes | None = None,
     ) -> tuple[int, bytes]:
         """Status and body of one small exchange, bounded by the bytes received
         (a declared or actual body over ``limit`` is :class:`_BadBody`) and in
@@ -304,9 +326,11 @@ class Upstream:
         headers = {"accept": accept, "accept-encoding": "identity"}
         if request_id is not None:
             headers["x-request-id"] = request_id
+        if body is not None:
+            headers["content-type"] = "application/json"
         async with asyncio.timeout(timeout_s):
             async with self._client.stream(
-                method, path, headers=headers, timeout=timeout_s
+                method, path, headers=headers, content=body, timeout=timeout_s
             ) as response:
                 if response.headers.get("content-encoding", "").strip().lower() not in (
                     "",

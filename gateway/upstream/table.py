@@ -25,6 +25,7 @@ from typing import Protocol
 
 from gateway.admission import Admission, AdmissionGroup
 from gateway.config import GatewayConfig, UpstreamConfig
+from gateway.config.agents import RouteAgents
 from gateway.upstream.base import WorkerTransport
 from gateway.upstream.client import Upstream
 from gateway.upstream.confirm import MAX_METRICS_BYTES, CancelConfirmer
@@ -102,6 +103,22 @@ class RouteTable:
     def worker_for(self, route: str) -> Worker:
         """The worker of a configured route (policy routes are checked at load)."""
         return self._by_route[route]
+
+    def agents_for(self, policy_route: str) -> RouteAgents | None:
+        """The ``agents`` of the worker a policy route reaches (spec §22); for a
+        release, its stable arm's when both arms' agree (else none: an agentic
+        request must not depend on its cohort)."""
+        worker = self._by_route.get(policy_route)
+        if worker is not None:
+            return worker.config.agents
+        release = self.releases.for_route(policy_route)
+        if release is None:
+            return None
+        stable = self._by_route.get(release.config.stable)
+        canary = self._by_route.get(release.config.canary)
+        if stable is None or canary is None or stable.config.agents != canary.config.agents:
+            return None
+        return stable.config.agents
 
     def readiness_route(self, policy_route: str) -> str:
         """The route whose readiness answers for what a policy names: a release's

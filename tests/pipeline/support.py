@@ -421,6 +421,11 @@ class FakeTransport:
     ) -> tuple[int, Any]:
         raise AssertionError("not on a request's path")
 
+    async def post_json(
+        self, path: str, body: Any, request_id: str, timeout_s: float
+    ) -> tuple[int, Any]:
+        raise AssertionError("no approval on this request's path")
+
     async def get_metrics(self, path: str, timeout_s: float, limit: int) -> tuple[int, bytes]:
         raise AssertionError("not on a request's path")
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from gateway.apis.agents.rewrite import rewrite_chat
 from gateway.apis.base import (
     Dialect,
     Endpoint,
@@ -27,6 +28,7 @@ from gateway.apis.base import (
     resolve_alias,
     stream_flags,
 )
+from gateway.apis.chat.agentic import AgentDialect, agent_events_asked, plan_agent
 from gateway.apis.chat.dialect import ChunkDialect
 from gateway.apis.fields import (
     Spec,
@@ -188,11 +190,14 @@ class ChatApi:
         path="/v1/chat/completions",
         operation="chat",
         media_param="messages",
+        tool_loop="governed",
     )
 
     def plan(self, body: Any, ctx: PlanContext) -> Plan:
         tenant = ctx.tenant
-        clean: dict[str, Any] = BODY(require_object(body), "")
+        raw = require_object(body)
+        agent = plan_agent(raw, ctx, rewrite_chat)
+        clean: dict[str, Any] = BODY(raw if agent is None else agent.strip(raw), "")
         alias = resolve_alias(clean, ctx)
         check_single_choice(clean)
         stream, include_usage = stream_flags(clean)
@@ -206,6 +211,8 @@ class ChatApi:
             prompt_bytes=0,
             nonce=ctx.nonce,
             tools_requested=bool(clean.get("tools")),
+            agent=agent,
+            agent_events=agent is not None and agent_events_asked(raw, ctx),
         )
         prompt = self._plan_messages(clean["messages"], ctx, plan)
         for name in ("tools", "response_format"):
@@ -264,7 +271,8 @@ class ChatApi:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
         body["max_tokens"] = plan.max_tokens
-        return body
+        return body if plan.agent is None else plan.agent.apply(body)
 
     def dialect(self, plan: Plan, bounds: StreamBounds, *, collect: bool) -> Dialect:
-        return ChunkDialect("chat", plan, bounds, collect=collect)
+        dialect = ChunkDialect("chat", plan, bounds, collect=collect)
+        return dialect if bounds.agent is None else AgentDialect(dialect, plan, collect=collect)

@@ -23,6 +23,7 @@ from typing import Any, Literal
 import orjson
 
 from gateway.apis.base import Plan, Report, StreamBounds
+from gateway.apis.chat.agentic import ChunkSource, agent_source
 from gateway.apis.chat.answer import RUST_WHITESPACE, CollectedAnswer, answer_logprob
 from gateway.apis.chat.grammar import (
     DONE_FRAME,
@@ -66,10 +67,16 @@ class ChunkDialect:
         collect: bool,
     ) -> None:
         framing = bounds.framing
+        agent = bounds.agent
+        # An agentic answer sums every round's usage (spec §24): its bounds are
+        # the request's times the rounds it may run, plus the answer's own.
+        times = 1 if agent is None else agent.limits.max_tool_rounds + 1
         rules = StreamRules(
             kind=kind,
-            max_tokens=plan.max_tokens,
-            max_prompt_tokens=bounds.max_prompt_tokens,
+            max_tokens=None if plan.max_tokens is None else plan.max_tokens * times,
+            max_prompt_tokens=(
+                None if bounds.max_prompt_tokens is None else bounds.max_prompt_tokens * times
+            ),
             tools_requested=plan.tools_requested,
             max_line_bytes=framing.max_line_bytes,
             max_event_bytes=framing.max_event_bytes,
@@ -79,7 +86,10 @@ class ChunkDialect:
             text_nul=bounds.text_nul,
             loads=orjson.loads,
         )
-        self.source = self.validator = SSEValidator(rules)
+        self.validator: ChunkSource = (
+            SSEValidator(rules) if agent is None else agent_source(rules, agent)
+        )
+        self.source = self.validator
         self.kind = kind
         # Completion chunks never carry usage (reference §3.5): it is estimated.
         # (The header goes out before the body, so the request decides it.)
@@ -131,7 +141,7 @@ class ChunkDialect:
     def _usage_frame(self, data: dict[str, Any]) -> bytes:
         """The usage chunk the worker did not send (b"" when it did send usage):
         the worker's chunk shape, ``choices: []``, the estimated usage."""
-        if self.validator.grammar.usage is not None:
+        if self.validator.chunks.usage is not None:
             return b""
         usage = usage_of(None, None, self.prompt_bytes, self._output_estimate())
         frame = {k: ([] if k == "choices" else v) for k, v in data.items() if k != "usage"}
@@ -139,7 +149,7 @@ class ChunkDialect:
         return b"data: " + orjson.dumps(frame) + b"\n\n"
 
     def _output_estimate(self) -> int:
-        grammar = self.validator.grammar
+        grammar = self.validator.chunks
         if self.kind == "completion":
             return count_output_tokens(self.content_chunks, self.max_tokens)
         return estimate_output_tokens(self.content_chunks, grammar.text.bytes, self.max_tokens)
@@ -148,7 +158,7 @@ class ChunkDialect:
         return b"data: " + orjson.dumps(exc.body()) + b"\n\n"
 
     def report(self) -> Report:
-        grammar = self.validator.grammar
+        grammar = self.validator.chunks
         usage = grammar.usage
         counts = None
         if usage is not None:
@@ -166,6 +176,6 @@ class ChunkDialect:
     def answer(self, usage: dict[str, Any]) -> dict[str, Any]:
         """The OpenAI JSON object for a non-streaming caller (spec §9, §14), keys
         in the worker's order (``stop_sequence`` after ``finish_reason``)."""
-        answer = self.collected.answer(self.validator.grammar, usage)
+        answer = self.collected.answer(self.validator.chunks, usage)
         answer["id"] = self.id
         return answer

@@ -130,6 +130,11 @@ class ChunkGrammar:
     def terminated(self) -> bool:
         return self.state is StreamState.DONE
 
+    def new_turn(self) -> None:
+        """A new model turn of an agentic stream (after a tool round): the
+        worker's chunks may carry a new id and ``created`` from here on."""
+        self.chunk_id = self.created = None
+
     def on_event(self, name: str | None, data: str) -> Chunk | None:
         if name is not None:
             raise violation("Upstream sent a named SSE event.")
@@ -292,6 +297,10 @@ class SSEValidator(StreamValidator[Chunk]):
 
     def __init__(self, rules: StreamRules) -> None:
         super().__init__(rules.framing, ChunkGrammar(rules))
+
+    @property
+    def chunks(self) -> ChunkGrammar:
+        return self.grammar
 
     @property
     def state(self) -> StreamState:

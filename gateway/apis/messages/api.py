@@ -27,6 +27,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from gateway.apis.agents.rewrite import rewrite_messages
 from gateway.apis.base import (
     Dialect,
     Endpoint,
@@ -38,6 +39,7 @@ from gateway.apis.base import (
     require_text_modality,
     resolve_alias,
 )
+from gateway.apis.chat.agentic import AgentDialect, agent_events_asked, plan_agent
 from gateway.apis.fields import (
     DROP,
     Spec,
@@ -313,7 +315,11 @@ class _Planner:
 def plan_message(body: Any, ctx: PlanContext, endpoint: str, *, counting: bool) -> Plan:
     check_headers(ctx.headers)
     tenant = ctx.tenant
-    clean: dict[str, Any] = (_COUNT_BODY if counting else _MESSAGES_BODY)(require_object(body), "")
+    raw = require_object(body)
+    agent = None if counting else plan_agent(raw, ctx, rewrite_messages)
+    if agent is not None:
+        raw = agent.strip(raw)
+    clean: dict[str, Any] = (_COUNT_BODY if counting else _MESSAGES_BODY)(raw, "")
     alias = resolve_alias(clean, ctx)
     max_tokens = None
     if not counting:
@@ -336,6 +342,8 @@ def plan_message(body: Any, ctx: PlanContext, endpoint: str, *, counting: bool) 
         nonce=ctx.nonce,
         tools_requested=bool(clean.get("tools")),
         bills_tokens=not counting,
+        agent=agent,
+        agent_events=agent is not None and agent_events_asked(require_object(body), ctx),
     )
     planner = _Planner(ctx, plan)
     system = clean.get("system")
@@ -384,16 +392,19 @@ class MessagesApi:
         media_param="messages",
         upstream_path="/v1/chat/completions",
         error_shape="anthropic",
+        tool_loop="governed",
     )
 
     def plan(self, body: Any, ctx: PlanContext) -> Plan:
         return plan_message(body, ctx, self.endpoint.name, counting=False)
 
     def forward(self, plan: Plan, route: str) -> dict[str, Any]:
-        return chat_body(plan, route)
+        body = chat_body(plan, route)
+        return body if plan.agent is None else plan.agent.apply(body)
 
     def dialect(self, plan: Plan, bounds: StreamBounds, *, collect: bool) -> Dialect:
-        return MessagesDialect(plan, bounds, collect=collect)
+        dialect = MessagesDialect(plan, bounds, collect=collect)
+        return dialect if bounds.agent is None else AgentDialect(dialect, plan, collect=collect)
 
 
 class CountTokensApi:

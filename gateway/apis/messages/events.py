@@ -218,7 +218,7 @@ class MessagesDialect:
             self._started = True
             out.append(event("message_start", {"type": "message_start", "message": self._head()}))
         self._close(out)
-        grammar = self.chat.validator.grammar
+        grammar = self.chat.validator.chunks
         usage = grammar.usage or {}
         out.append(
             event(

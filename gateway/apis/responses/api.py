@@ -366,6 +366,7 @@ class ResponsesApi:
         path="/v1/responses",
         operation="chat",
         media_param="input",
+        tool_loop="ungoverned",
     )
 
     def plan(self, body: Any, ctx: PlanContext) -> Plan:
