@@ -41,6 +41,7 @@ ENDPOINTS = [
     "speech",
     "models",
     "evidence",
+    "files",
 ]
 #: the Claude Code setup's output ceiling (fixtures/claude-code)
 CLAUDE_CODE_OUTPUT = 32768

@@ -10,9 +10,10 @@ unreachable, slower than ``state.timeout_ms``, or refused the write) and
 nothing else of the backend's own: each implementation translates its
 driver's errors at the seam.
 
-Blobs (the evidence files themselves) stay digest-named files on
-``staging.dir`` (``gateway/books/evidence/store.py``), a volume every replica
-mounts; object storage would be another implementation of that store.
+Blobs (the evidence files themselves, and tenant files' bytes) stay
+digest-named files on ``staging.dir`` (``gateway/books/evidence/store.py``), a
+volume every replica mounts; object storage would be another implementation
+of that store.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
-    # Type-only: the evidence package's service imports these protocols.
+    # Type-only: the evidence and files packages' services import these protocols.
     from gateway.books.evidence.records import EvidenceRecord
+    from gateway.books.files.records import FileRecord
     from gateway.books.receipt_chain import Anchor
 
 
@@ -300,4 +302,81 @@ class AnchorStore(Protocol):
 
     async def anchors(self) -> dict[str, Anchor]:
         """Every replica's last anchor, by replica."""
+        ...
+
+
+class FileCatalog(Protocol):
+    """Tenant files' records (spec §22 "Files"); their bytes are blobs named by
+    digest in the file store. Every lookup is the tenant's: another tenant's id
+    is an unknown one."""
+
+    async def add(
+        self, record: FileRecord, bound: tuple[int, int] | None = None
+    ) -> list[FileRecord]:
+        """Insert ``record``; with ``bound`` = (max files, max bytes), forget the
+        tenant's oldest files (never ``record``) until what it keeps is within
+        it, in the same transaction. The records forgotten (their blobs go once
+        nothing names them)."""
+        ...
+
+    async def get(self, tenant: str, file_id: str, not_before: int = 0) -> FileRecord | None:
+        """The tenant's file created at or after ``not_before``; None otherwise."""
+        ...
+
+    async def delete(self, tenant: str, file_id: str) -> FileRecord | None:
+        """Forget the tenant's file; the record, or None when there was none."""
+        ...
+
+    async def expire(self, tenant: str, not_before: int) -> list[FileRecord]:
+        """Forget the tenant's files created before ``not_before``; those forgotten."""
+        ...
+
+    async def is_referenced(self, sha256: str) -> bool:
+        """Whether any record names the digest."""
+        ...
+
+    async def referenced(self, sha256s: Sequence[str]) -> set[str]:
+        """Which of ``sha256s`` any record names (one call for a sweep's batch)."""
+        ...
+
+
+#: a caller's word on a tool call (spec §22 "Asking the caller")
+Decision = Literal["approve", "deny"]
+DECISION_VALUES: frozenset[str] = frozenset({"approve", "deny"})
+#: what a decision did: the first one resolves, later ones find it resolved;
+#: an id unknown, another tenant's, closed or past its expiry is not found
+Resolution = Literal["resolved", "already_resolved", "not_found"]
+
+
+class ApprovalStore(Protocol):
+    """Approvals the gateway asks its callers for, shared by every replica
+    (spec §22, §17): opened by the replica holding the stream, decided through
+    any replica, read back by the holder."""
+
+    async def open(self, tenant: str, request_id: str, approval_id: str, expires: float) -> None:
+        """A pending approval of ``tenant``'s request, decidable until ``expires``
+        (unix seconds)."""
+        ...
+
+    async def decide(
+        self, tenant: str, approval_id: str, decision: Decision, now: float
+    ) -> Resolution:
+        """Record the decision if the approval is the tenant's, open, unexpired and
+        undecided, atomically (of two decisions, one resolves)."""
+        ...
+
+    async def read(self, approval_id: str) -> Decision | None:
+        """The decision, if one was made (what the holding replica polls)."""
+        ...
+
+    async def read_many(self, approval_ids: Sequence[str]) -> dict[str, Decision]:
+        """The decisions made among ``approval_ids``, in one call (a replica's poll)."""
+        ...
+
+    async def close(self, approval_id: str) -> None:
+        """The stream is done with it: later decisions are ``not_found``."""
+        ...
+
+    async def sweep(self, now: float) -> int:
+        """Delete approvals past their expiry (a crashed replica's); how many."""
         ...

@@ -27,6 +27,7 @@ Endpoint = Literal[
     "speech",
     "models",
     "evidence",
+    "files",
 ]
 Modality = Literal["text", "image", "audio", "video"]
 #: what a credential may be for (spec §4; ``metrics``: ``/metrics`` on the callers' port, §24)
@@ -157,16 +158,29 @@ class MediaPolicy(Model):
 
 
 class EvidencePolicy(Model):
-    """Per-tenant evidence quotas (spec §13)."""
+    """Per-tenant evidence quotas (spec §13); the same numbers bound the tenant's
+    produced files (spec §22), counted apart from its evidence."""
 
     max_bytes: PositiveInt = Field(
         1_073_741_824,
-        description="Sum of the bytes of the tenant's records.",
+        description=(
+            "Sum of the bytes of the tenant's records; and of its produced files (past it "
+            "the oldest files are forgotten)."
+        ),
     )
-    max_records: PositiveInt = Field(10_000, description="Records the tenant may hold.")
+    max_records: PositiveInt = Field(
+        10_000,
+        description=(
+            "Records the tenant may hold; and produced files it keeps (past it the oldest "
+            "are forgotten)."
+        ),
+    )
     ttl_s: Annotated[int, Field(ge=0)] = Field(
         0,
-        description="0: kept until deleted; else forgotten after this many seconds.",
+        description=(
+            "Records and produced files: 0: kept until deleted; else forgotten after this "
+            "many seconds."
+        ),
     )
 
 

@@ -53,7 +53,10 @@ class StagingConfig(Model):
     )
     expiry_sweep_s: PositiveFloat = Field(
         30,
-        description="How often records past a tenant's evidence.ttl_s are forgotten.",
+        description=(
+            "How often records and files past a tenant's evidence.ttl_s are forgotten (and "
+            "files no record names, expired leases and approvals are swept)."
+        ),
     )
 
     @model_validator(mode="after")

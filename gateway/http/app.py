@@ -1,7 +1,9 @@
 """``create_app()``: the ASGI app, its routes and lifespan → ``app.state.runtime``.
 
 Only the routes below exist; every worker admin route (model reload/unload,
-LoRA, agent approvals, files, UI…) is unreachable by construction.
+LoRA, agent approvals, files, UI…) is unreachable by construction. The
+gateway's own ``/v1/agent/approvals/{id}`` and ``/v1/files/{id}`` answer from
+its books (spec §22) and never reach a worker.
 The request wrapper is pure ASGI (``BaseHTTPMiddleware`` would hide client
 disconnects from streaming handlers).
 """
@@ -24,13 +26,14 @@ from gateway.apis import APIS
 from gateway.config import CorsConfig
 from gateway.config.loader import Loaded
 from gateway.core.errors import GatewayError
+from gateway.http.approvals_api import approval_decide
 from gateway.http.asgi import header, info_of, request_id_from, send_error
 from gateway.http.evidence_api import evidence_collection, evidence_item
+from gateway.http.files_api import file_content, file_item
 from gateway.http.inference import InferenceEndpoint
 from gateway.http.responses_api import response_cancel, response_input_items, response_item
 from gateway.http.routes import livez, metrics, models, readyz
 from gateway.http.runtime import Runtime, build_runtime, close_runtime, start_background
-from gateway.http.signed_files import signed_file_content
 from gateway.observe.access import RequestInfo
 from gateway.observe.logs import access_writer
 from gateway.observe.tracing import NO_SPAN, NS, Tracing, failed
@@ -299,8 +302,10 @@ def create_app(loaded: Loaded, tracing: Tracing | None = None) -> GatewayApp:
         Route(
             "/v1/responses/{response_id}/input_items", _Raw(response_input_items), methods=["GET"]
         ),
-        # Interim: the signed links of url images (spec §23), until the files API (§22).
-        Route("/v1/files/{file_id}/content", _Raw(signed_file_content), methods=["GET"]),
+        Route("/v1/files/{file_id}", _Raw(file_item), methods=["GET", "DELETE"]),
+        # With a credential, or a signed link of a url image (spec §23) in its query.
+        Route("/v1/files/{file_id}/content", _Raw(file_content), methods=["GET"]),
+        Route("/v1/agent/approvals/{approval_id}", _Raw(approval_decide), methods=["POST"]),
         Route("/livez", _Raw(livez), methods=["GET"]),
         Route("/readyz", _Raw(readyz), methods=["GET"]),
     ]

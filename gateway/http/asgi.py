@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from types import MappingProxyType
 
 from gateway.auth.authenticator import authorize
 from gateway.auth.failures import failure_reason
@@ -26,7 +27,16 @@ ABORT_EXTENSION = "gateway.abort"
 
 #: the scope each small endpoint needs (spec §4 "Scopes"); inference
 #: descriptors carry their own (gateway/apis)
-_SCOPES = {"models": "inference", "evidence": "evidence", "responses": "inference"}
+_SCOPES = {
+    "models": "inference",
+    "evidence": "evidence",
+    "responses": "inference",
+    "files": "inference",
+    "approvals": "inference",
+}
+#: an approval belongs to an agentic stream: a tenant that may call either
+#: endpoint such a stream runs on may decide its own (spec §22)
+_ALLOWED_BY = MappingProxyType({"approvals": ("chat.completions", "messages")})
 
 
 def header(scope: Scope, name: bytes) -> list[bytes]:
@@ -71,12 +81,16 @@ def authorization_values(scope: Scope) -> list[str]:
 
 
 async def tenant_for(scope: Scope, rt: Runtime, endpoint: str) -> Tenant:
-    """Authenticate and authorize a small endpoint's caller (models, evidence, responses)."""
+    """Authenticate and authorize a small endpoint's caller (models, evidence,
+    responses, files, approvals)."""
     policies = rt.policies
     principal = await rt.auth.authenticate(authorization_values(scope), policies)
     tenant = policies.tenants[principal.tenant]
     info_of(scope).tenant = tenant.name
-    authorize(principal, tenant, endpoint, _SCOPES[endpoint])
+    scope_needed = _SCOPES[endpoint]
+    choices = _ALLOWED_BY.get(endpoint, (endpoint,))
+    allowed = next((e for e in choices if tenant.allows_endpoint(e)), choices[0])
+    authorize(principal, tenant, allowed, scope_needed)
     return tenant
 
 

@@ -29,15 +29,17 @@ from gateway.admission import AdmissionGroup
 from gateway.auth.authenticator import Authenticator
 from gateway.auth.keys import load_key_set
 from gateway.books.anchors import start_anchors
+from gateway.books.approvals import ApprovalBook
 from gateway.books.evidence.service import EvidenceService
+from gateway.books.files.book import FileBook
 from gateway.books.interim_files import InterimFiles
 from gateway.books.receipts import ReceiptWriter
 from gateway.books.responses import ResponseBook
-from gateway.books.state.factory import State, evidence_service, open_state
+from gateway.books.state.factory import State, evidence_service, file_book, open_state
 from gateway.config import GatewayConfig
 from gateway.config.diff import changed_keys
 from gateway.config.loader import ConfigError, Loaded, load_config, load_policies
-from gateway.config.policy import PolicySet
+from gateway.config.policy import EvidencePolicy, PolicySet, Tenant
 from gateway.core.errors import GatewayError
 from gateway.core.signed_urls import LinkSigner
 from gateway.observe.listener import MetricsListener
@@ -95,6 +97,10 @@ class Runtime:
     uploads: asyncio.Semaphore
     #: which Responses ids are whose
     responses: ResponseBook
+    #: tenant files (spec §22): what agent runs produced, served by /v1/files
+    files: FileBook
+    #: caller approvals (spec §22), decided through any replica
+    approvals: ApprovalBook
     #: what one request's steps use of the above
     services: Services
     #: ``url`` images and their signed links (spec §23)
@@ -304,6 +310,17 @@ async def build_runtime(loaded: Loaded, tracing: Tracing | None = None) -> Runti
     except GatewayError as exc:
         # A shared store down at start: serve what needs no state; the sweep retries.
         log.warning("state: recovery at start failed (%s); the lease sweep will retry", exc.code)
+
+    def evidence_of(tenant: str) -> EvidencePolicy:
+        # Read at each call (late-bound: ``runtime`` is assigned below, before any
+        # request), so a reload's policies apply to files at once.
+        found = runtime.policies.tenants.get(tenant)
+        return found.policy.evidence if found is not None else EvidencePolicy()
+
+    files = file_book(config, state, evidence_of)
+    # Blobs a crash left unnamed (never raises: a store down is the next sweep's).
+    await files.sweep(at_start=not state.shared)
+    approvals = ApprovalBook(state.approvals, timeout_s=config.state.timeout_s)
     ratelimit = build_limits_store(config, metrics)
     await ratelimit.start()
     metrics.watch_limits_store(lambda: ratelimit.healthy, lambda: ratelimit.pending_settlements)
@@ -314,7 +331,8 @@ async def build_runtime(loaded: Loaded, tracing: Tracing | None = None) -> Runti
         else None
     )
     readiness = Readiness(table, metrics, probe)
-    image_files = InterimFiles(config.staging.dir / "files", config.images.url_ttl_s)
+    # Apart from the tenant files' blobs (files/): each store sweeps only its own directory.
+    image_files = InterimFiles(config.staging.dir / "image-links", config.images.url_ttl_s)
     links = link_signer(config, os.environ)
     responses = ResponseBook(
         state.responses,
@@ -335,6 +353,8 @@ async def build_runtime(loaded: Loaded, tracing: Tracing | None = None) -> Runti
         metrics=metrics,
         uploads=asyncio.Semaphore(config.staging.max_concurrent_uploads),
         responses=responses,
+        files=files,
+        approvals=approvals,
         services=Services(
             table=table,
             readiness=readiness,
@@ -345,6 +365,8 @@ async def build_runtime(loaded: Loaded, tracing: Tracing | None = None) -> Runti
             staging=config.staging,
             blobs=evidence.store,
             state=state.calls,
+            files=files,
+            approvals=approvals,
             hosts=HostLookup(config.agents.hosts),
             session_key=_session_key(config, os.environ),
             image_files=image_files,
@@ -386,20 +408,14 @@ async def start_background(runtime: Runtime) -> None:
 
 
 async def _sweep_expired(runtime: Runtime) -> None:
-    """Forget records past their tenant's evidence.ttl_s (lookups already skip them)."""
+    """Forget records and files past their tenant's evidence.ttl_s (lookups
+    already skip them), expired leases and approvals, blobs nothing names."""
     interval = runtime.config.staging.expiry_sweep_s
     while True:
         await asyncio.sleep(interval)
         for tenant in list(runtime.policies.tenants.values()):
-            if not tenant.policy.evidence.ttl_s:
-                continue
-            try:
-                forgotten = await runtime.evidence.expire(tenant)
-            except GatewayError as exc:
-                log.warning("evidence expiry for %s failed: %s", tenant.name, exc.code)
-                continue
-            if forgotten:
-                log.info("evidence expiry: %d records of %s forgotten", forgotten, tenant.name)
+            if tenant.policy.evidence.ttl_s:
+                await _expire_tenant(runtime, tenant)
         try:
             # Leases a crashed replica left (spec §17): whichever replica sees them first.
             swept = await runtime.evidence.sweep()
@@ -410,6 +426,33 @@ async def _sweep_expired(runtime: Runtime) -> None:
                 log.info("evidence: %d expired leases dropped", swept)
         # Files an outage or a crash left between rename and record (spec §24).
         await runtime.evidence.sweep_staged()
+        await runtime.files.sweep()
+        await _sweep_approvals(runtime)
+
+
+async def _expire_tenant(runtime: Runtime, tenant: Tenant) -> None:
+    for what, expire in (
+        ("records", runtime.evidence.expire(tenant)),
+        ("files", runtime.files.expire(tenant.name)),
+    ):
+        try:
+            forgotten = await expire
+        except GatewayError as exc:
+            log.warning("evidence expiry (%s) for %s failed: %s", what, tenant.name, exc.code)
+            continue
+        if forgotten:
+            log.info("evidence expiry: %d %s of %s forgotten", forgotten, what, tenant.name)
+
+
+async def _sweep_approvals(runtime: Runtime) -> None:
+    try:
+        # A crashed replica's approvals (spec §22): whichever replica sees them first.
+        swept = await runtime.approvals.sweep()
+    except GatewayError as exc:
+        log.warning("approvals sweep failed: %s", exc.code)
+    else:
+        if swept:
+            log.info("approvals: %d expired approvals deleted", swept)
 
 
 async def close_runtime(runtime: Runtime) -> None:
@@ -447,6 +490,7 @@ async def close_runtime(runtime: Runtime) -> None:
         ("readiness", runtime.readiness.aclose),
         ("releases", runtime.table.releases.aclose),
         ("responses", responses),
+        ("approvals", runtime.approvals.aclose),
         ("cancel confirmations", runtime.table.release_held),
         ("receipts", lambda: runtime.receipts.aclose(flush_s)),
         ("limits store", lambda: runtime.ratelimit.aclose(_LIMITS_CLOSE_S)),

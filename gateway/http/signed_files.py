@@ -7,9 +7,11 @@ or names a file no longer kept is 401 ``invalid_token`` with one message
 for all of them (a caller learns nothing about which); a request with no
 ``sig`` is 401 ``missing_credentials``.
 
-Interim: the agents' file API (spec §22: ``GET /v1/files/{id}[/content]`` and
-``DELETE`` with credentials) takes this path over; this handler is then its
-signed-link branch. Only the first ``sig`` and ``exp`` of the query are read.
+The tenant files' API (spec §22, ``files_api.py``) owns the path: a request
+carrying ``sig`` in its query is a link and comes here (:func:`has_link`),
+any other needs a credential. Only the first ``sig`` and ``exp`` of the query
+are read. The linked images are kept apart from the tenant files (their own
+directory, their own expiry: ``images.url_ttl_s``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ from gateway.http.asgi import info_of, runtime_of, send_error
 from gateway.types import Receive, Scope, Send
 
 _BAD_LINK = "The link is not valid or has expired."
+
+
+def has_link(scope: Scope) -> bool:
+    """Whether the request names a signed link (its query carries ``sig``)."""
+    query: bytes = scope.get("query_string", b"")
+    return query.startswith(b"sig=") or b"&sig=" in query
 
 
 async def signed_file_content(scope: Scope, receive: Receive, send: Send) -> None:

@@ -255,7 +255,13 @@ class AgentRun:
         if self.files_store is None:
             self.metrics.child(self.metrics.agent_files_dropped, self.tenant).inc()
             return []
-        kept = await self.files_store.put(self.tenant, produced.data, produced.name)
+        try:
+            kept = await self.files_store.put(self.tenant, produced.data, produced.name)
+        except GatewayError as exc:
+            # The store refused it (quota, a store down): dropped and counted, the run goes on.
+            log.warning("agent: a produced file was not kept (%s)", exc.code)
+            self.metrics.child(self.metrics.agent_files_dropped, self.tenant).inc()
+            return []
         shown = {
             "id": kept.id,
             "name": kept.name,

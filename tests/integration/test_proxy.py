@@ -275,7 +275,6 @@ def test_admin_routes_unreachable(stack: Stack) -> None:
             ("POST", "/v1/models/reload"),
             ("POST", "/re_isq"),
             ("GET", "/v1/system/info"),
-            ("POST", "/v1/agent/approvals/x"),
             ("GET", "/ui/"),
             ("POST", "/v1/models/status"),
             ("POST", "/v1/load_lora_adapter"),
@@ -285,6 +284,13 @@ def test_admin_routes_unreachable(stack: Stack) -> None:
             expected = {404: "not_found", 405: "method_not_allowed"}
             assert response.status_code in expected, path
             assert response.json()["error"]["code"] == expected[response.status_code]
+        # The gateway's own approval route (spec §22) answers from its books: an id
+        # it never made is 404, and the worker's approval route is never called.
+        approval = client.post("/v1/agent/approvals/x", json={"decision": "approve"})
+        assert (approval.status_code, approval.json()["error"]["code"]) == (
+            404,
+            "approval_not_found",
+        )
         # The SDK's responses.cancel is answered by the gateway itself (400 for a
         # tenant with the responses endpoint, test_sdk_conformance; 403 here, where
         # the default policy lacks it), never by the worker's cancel route.

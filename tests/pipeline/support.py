@@ -17,7 +17,9 @@ from gateway.books.evidence.encode import BodyProducer
 from gateway.books.evidence.leases import Inline
 from gateway.books.evidence.records import EvidenceRecord
 from gateway.books.evidence.store import EvidenceStore
-from gateway.books.protocols import KeptResponse
+from gateway.books.files.records import FileRecord, new_file_id
+from gateway.books.files.sniff import sniff_file
+from gateway.books.protocols import Decision, KeptResponse
 from gateway.books.receipts import Receipt
 from gateway.config import GatewayConfig, LimitsConfig, StagingConfig
 from gateway.config.policy import Modality, PolicyLimits, Tenant, TenantPolicy, resolve_limits
@@ -292,8 +294,10 @@ def make_services(
         metrics=GatewayMetrics(),
         staging=config.staging if config is not None else StagingConfig(),
         blobs=no_blobs(),
-        image_files=FakeFiles(),
+        image_files=FakeImageFiles(),
         links=LinkSigner("https://gw.test", LINK_KEY, 3600),
+        files=FakeFiles(),
+        approvals=FakeApprovals(),
     )
 
 
@@ -318,8 +322,8 @@ class FakeFile:
         return hashlib.sha256(self.data).hexdigest()
 
 
-class FakeFiles:
-    """Tenant files in memory (``TenantFiles``): what was stored, in order."""
+class FakeImageFiles:
+    """The url images' files in memory: what was stored, in order."""
 
     def __init__(self) -> None:
         self.stored: list[FakeFile] = []
@@ -329,6 +333,43 @@ class FakeFiles:
         stored = FakeFile(f"file_fake{len(self.stored):08d}", tenant, whole, name)
         self.stored.append(stored)
         return stored
+
+
+class FakeFiles:
+    """The file book as the pipeline uses it: records (and their bytes) kept in
+    a list, the type sniffed as the real book does; ``fail`` is raised instead."""
+
+    def __init__(self) -> None:
+        self.kept: list[tuple[FileRecord, bytes]] = []
+        self.fail: GatewayError | None = None
+
+    async def put(self, tenant: str, data: bytes, name: str) -> FileRecord:
+        if self.fail is not None:
+            raise self.fail
+        kind = sniff_file(data)
+        digest = hashlib.sha256(data).hexdigest()
+        record = FileRecord(new_file_id(), tenant, name, digest, kind.mime, kind.ext, len(data), 0)
+        self.kept.append((record, data))
+        return record
+
+
+class FakeApprovals:
+    """Caller approvals as a stream uses them: ``decisions`` answers each wait
+    (absent: the wait times out, None), every call noted in ``events``."""
+
+    def __init__(self, decisions: dict[str, Decision] | None = None) -> None:
+        self.decisions: dict[str, Decision] = dict(decisions or {})
+        self.events: list[tuple[str, str]] = []
+
+    async def open(self, tenant: str, request_id: str, approval_id: str) -> None:
+        self.events.append(("open", approval_id))
+
+    async def wait(self, approval_id: str, timeout_s: float) -> Decision | None:
+        self.events.append(("wait", approval_id))
+        return self.decisions.get(approval_id)
+
+    async def close(self, approval_id: str) -> None:
+        self.events.append(("close", approval_id))
 
 
 class AllReady:

@@ -32,6 +32,7 @@ from tests.pipeline.support import (
     NONCE,
     Caller,
     FakeFiles,
+    FakeImageFiles,
     FakeTransport,
     FakeUpstream,
     make_call,
@@ -285,12 +286,13 @@ async def test_url_images_are_stored_as_tenant_files_and_linked(rig: _Rig) -> No
     call = rig.plan(api, body)
     await rig.run(call, api)
     files = rig.services.image_files
-    assert isinstance(files, FakeFiles)
+    assert isinstance(files, FakeImageFiles)
     assert [(f.tenant, f.data, f.name) for f in files.stored] == [
         ("acme", png(64, 64), "image-1.png"),
         ("acme", png(64, 64), "image-2.png"),
     ]
-    assert rig.services.files is None  # the agents' store is not the images' (yet)
+    # The linked images are kept apart from the agents' tenant files.
+    assert isinstance(rig.services.files, FakeFiles) and rig.services.files.kept == []
     links = [d["url"] for d in orjson.loads(rig.reply()[1])["data"]]
     for link, stored in zip(links, files.stored, strict=True):
         prefix = f"https://gw.test/v1/files/{stored.id}/content?sig="

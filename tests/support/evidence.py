@@ -88,8 +88,10 @@ def decoded(url: str) -> tuple[str, bytes]:
 
 
 def files_in(stack: Stack) -> set[str]:
+    """The evidence files staged (not the lock, temps, or the tenant files'
+    own directory, ``files/``)."""
     directory = Path(stack.runtime.config.staging.dir)
-    return {p.name for p in directory.iterdir() if not p.name.startswith(".")}
+    return {p.name for p in directory.iterdir() if not p.name.startswith(".") and p.is_file()}
 
 
 def no_leases(stack: Stack) -> bool:

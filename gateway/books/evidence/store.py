@@ -40,10 +40,11 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import anyio.to_thread
 
-from gateway.books.evidence.sniff import EXTENSIONS, MediaType
+from gateway.books.evidence.sniff import EXTENSIONS
 from gateway.books.volume import VolumeWatch
 from gateway.core.errors import GatewayError
 
@@ -51,6 +52,13 @@ TEMP_PREFIX = ".tmp-"
 _LOCK_NAME = ".lock"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _STORED_NAME = re.compile(r"^([0-9a-f]{64})\.([a-z0-9]{1,8})$")
+
+
+class Typed(Protocol):
+    """What a stored file's name takes of its sniffed type (a media type, a file type)."""
+
+    @property
+    def ext(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,10 +133,18 @@ def _flock(fd: int) -> None:
 class EvidenceStore:
     """Files named by their SHA-256 in one directory; see the module docstring."""
 
-    def __init__(self, directory: Path, volume: VolumeWatch | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        volume: VolumeWatch | None = None,
+        *,
+        extensions: frozenset[str] = EXTENSIONS,
+    ) -> None:
         self._dir = directory
         #: whether the volume was last found full (shared with the state's other writers)
         self.volume = volume if volume is not None else VolumeWatch()
+        #: what a stored name may end in (the file store's are its own, spec §22)
+        self._extensions = extensions
         #: tasks of this process take turns before one of them takes the flock
         self._local = asyncio.Lock()
         #: bytes of stored media read back so far (what tests assert on: a
@@ -163,7 +179,7 @@ class EvidenceStore:
                 os.close(fd)
 
     def path_for(self, sha256: str, ext: str) -> Path:
-        if not _SHA256.match(sha256) or ext not in EXTENSIONS:
+        if not _SHA256.match(sha256) or ext not in self._extensions:
             raise GatewayError("storage_error", "Invalid evidence file name.")
         return self._dir / f"{sha256}.{ext}"
 
@@ -175,7 +191,7 @@ class EvidenceStore:
             raise self.volume.failed(exc) from exc
         return TempUpload(fd, Path(temp), self.volume)
 
-    def adopt(self, upload: TempUpload, media: MediaType) -> StoredFile:
+    def adopt(self, upload: TempUpload, media: Typed) -> StoredFile:
         """Make a finished upload ``<sha256>.<ext>`` (or drop it if an intact copy is there)."""
         digest = upload.sha256
         target = self.path_for(digest, media.ext)
@@ -212,7 +228,7 @@ class EvidenceStore:
             raise
         return upload
 
-    def put(self, data: bytes, media: MediaType) -> StoredFile:
+    def put(self, data: bytes, media: Typed) -> StoredFile:
         """Store ``data`` as ``<sha256>.<ext>`` unless an intact copy is already there
         (a damaged copy under the name is replaced by the good bytes)."""
         return self.adopt(self.stage(data), media)
@@ -268,7 +284,7 @@ class EvidenceStore:
         found: list[tuple[str, str]] = []
         for name in sorted(names):
             match = _STORED_NAME.match(name)
-            if match and match.group(2) in EXTENSIONS:
+            if match and match.group(2) in self._extensions:
                 found.append((match.group(1), match.group(2)))
         return found
 

@@ -9,15 +9,26 @@ from pathlib import Path
 
 from gateway.books.evidence.service import RESERVE_SUFFIX, EvidenceService
 from gateway.books.evidence.store import EvidenceStore
-from gateway.books.protocols import AnchorStore, EvidenceCatalog, ReleaseStore, ResponseStore
+from gateway.books.files.book import FileBook, file_store
+from gateway.books.protocols import (
+    AnchorStore,
+    ApprovalStore,
+    EvidenceCatalog,
+    FileCatalog,
+    ReleaseStore,
+    ResponseStore,
+)
 from gateway.books.state.calls import StateCalls
 from gateway.books.state.sqlite.anchors import SqliteAnchorStore
+from gateway.books.state.sqlite.approvals import SqliteApprovalStore
 from gateway.books.state.sqlite.catalog import Catalog
 from gateway.books.state.sqlite.evidence import SqliteCatalog
+from gateway.books.state.sqlite.files import SqliteFileCatalog
 from gateway.books.state.sqlite.releases import SqliteReleaseStore
 from gateway.books.state.sqlite.responses import SqliteResponseStore
 from gateway.books.volume import VolumeWatch
 from gateway.config import GatewayConfig
+from gateway.config.policy import EvidencePolicy
 from gateway.core.dimensions import PixelBounds
 
 #: an evidence lease outlives the longest request by this much (spec §17)
@@ -35,13 +46,17 @@ class State:
     responses: ResponseStore
     #: release decisions and the arms' figures (spec §18)
     releases: ReleaseStore
+    #: tenant files' records and caller approvals (spec §22)
+    files: FileCatalog
+    approvals: ApprovalStore
     calls: StateCalls
     #: other replicas share it (their leases, temps and responses are theirs)
     shared: bool
     #: whether the state volume (evidence files; SQLite's file) was last found full
     volume: VolumeWatch
     #: closes what the books above hold that their protocols do not close
-    #: (``ReleaseStore`` has no ``close``: a runtime's fake needs none)
+    #: (``ReleaseStore``, ``FileCatalog`` and ``ApprovalStore`` have none: a
+    #: runtime's fake needs none)
     closers: tuple[Callable[[], Awaitable[None]], ...] = field(default=())
     #: each replica's receipt-chain head (spec §24)
     anchors: AnchorStore = field(kw_only=True)
@@ -66,7 +81,9 @@ def open_state(
     if state.backend == "postgres":
         # Imported here: a SQLite-only install never loads the driver.
         from gateway.books.state.postgres.anchors import PgAnchorStore
+        from gateway.books.state.postgres.approvals import PgApprovalStore
         from gateway.books.state.postgres.evidence import PgCatalog
+        from gateway.books.state.postgres.files import PgFileCatalog
         from gateway.books.state.postgres.pool import PgPool, dsn_from
         from gateway.books.state.postgres.releases import PgReleaseStore
         from gateway.books.state.postgres.responses import PgResponseStore
@@ -78,6 +95,8 @@ def open_state(
             PgCatalog(pool, calls, state.replica),
             PgResponseStore(pool, calls),
             PgReleaseStore(pool, calls),
+            PgFileCatalog(pool, calls),
+            PgApprovalStore(pool, calls),
             calls,
             True,
             VolumeWatch(),  # the evidence files' (the records are PostgreSQL's)
@@ -91,14 +110,18 @@ def open_state(
     responses = SqliteResponseStore(path, volume=volume)
     releases = SqliteReleaseStore(path)
     anchors = SqliteAnchorStore(path)
+    files = SqliteFileCatalog(path)
+    approvals = SqliteApprovalStore(path)
     return State(
         catalog,
         responses,
         releases,
+        files,
+        approvals,
         calls,
         False,
         volume,
-        closers=(releases.close, anchors.close),
+        closers=(releases.close, anchors.close, files.close, approvals.shutdown),
         anchors=anchors,
     )
 
@@ -120,3 +143,12 @@ def evidence_service(
         shared=state.shared,
         pixels=PixelBounds(config.staging.max_image_pixels, config.staging.max_image_side),
     )
+
+
+def file_book(
+    config: GatewayConfig, state: State, policy_of: Callable[[str], EvidencePolicy]
+) -> FileBook:
+    """Tenant files (spec §22) over the configured backend, their blobs in
+    ``<staging.dir>/files``; ``policy_of`` names a tenant's TTL and bound."""
+    store = file_store(Path(config.staging.dir), state.volume)
+    return FileBook(store, state.files, policy_of=policy_of)

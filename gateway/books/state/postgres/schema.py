@@ -100,6 +100,32 @@ STEPS: tuple[str, ...] = (
         updated DOUBLE PRECISION NOT NULL
     );
     """,
+    # 5: tenant files' records (their bytes are blobs in the file store) and the
+    # approvals callers decide through any replica (spec §22)
+    """
+    CREATE TABLE tenant_files (
+        id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        sha256 TEXT NOT NULL,
+        mime_type TEXT NOT NULL,
+        ext TEXT NOT NULL,
+        bytes BIGINT NOT NULL,
+        created BIGINT NOT NULL,
+        seq BIGSERIAL NOT NULL
+    );
+    CREATE INDEX tenant_files_sha256 ON tenant_files (sha256);
+    CREATE INDEX tenant_files_tenant ON tenant_files (tenant, created, seq);
+    CREATE TABLE agent_approvals (
+        id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        request_id TEXT NOT NULL,
+        decision TEXT CHECK (decision IN ('approve', 'deny')),
+        decided DOUBLE PRECISION,
+        expires DOUBLE PRECISION NOT NULL
+    );
+    CREATE INDEX agent_approvals_expires ON agent_approvals (expires);
+    """,
 )
 
 

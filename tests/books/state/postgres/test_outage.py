@@ -237,3 +237,55 @@ async def test_immediate_restarts_during_uploads_are_503_and_leave_no_staged_fil
         assert not [p for p in (tmp_path / "ev").iterdir() if p.name.startswith(".tmp-")]
     finally:
         await service.close()
+
+
+async def test_files_and_approvals_fail_fast_and_a_wait_outlives_the_outage(
+    own_postgres: PostgresServer,
+) -> None:
+    """Spec §22 on a paused store: every file and approval call is a bounded 503;
+    a stream waiting for a decision is not broken by it, and sees the decision
+    made once the store answers again."""
+    from gateway.apis.agents.frames import new_approval_id
+    from gateway.books.approvals import ApprovalBook
+    from gateway.books.files.records import FileRecord, new_file_id
+    from gateway.books.state.postgres.approvals import PgApprovalStore
+    from gateway.books.state.postgres.files import PgFileCatalog
+    from gateway.books.state.postgres.pool import PgPool
+
+    calls = StateCalls(TIMEOUT_S)
+    pool = PgPool(own_postgres.dsn, TIMEOUT_S)
+    files = PgFileCatalog(pool, calls)
+    holder = ApprovalBook(PgApprovalStore(pool, calls), timeout_s=TIMEOUT_S, poll_s=0.05)
+    record = FileRecord(new_file_id(), "acme", "a.txt", "a" * 64, "text/plain", "txt", 1, 1)
+    try:
+        await files.add(record)  # connects and migrates while the store answers
+        approval = new_approval_id()
+        await holder.open("acme", "req-1", approval)
+        waiting = asyncio.create_task(holder.wait(approval, 30))
+        own_postgres.pause()
+        try:
+            for work in (
+                files.add(
+                    FileRecord(new_file_id(), "acme", "b", "b" * 64, "text/plain", "txt", 1, 1)
+                ),
+                files.get("acme", record.id),
+                files.delete("acme", record.id),
+                holder.open("acme", "req-2", new_approval_id()),
+                holder.decide("acme", approval, "approve"),
+            ):
+                started = time.monotonic()
+                with pytest.raises(GatewayError) as info:
+                    await work
+                assert info.value.code == "state_unavailable"
+                assert time.monotonic() - started < 2
+            # Polls fail meanwhile; the stream keeps waiting.
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(waiting), 4 * 0.05)
+        finally:
+            own_postgres.resume()
+        assert await files.get("acme", record.id) == record
+        assert await holder.decide("acme", approval, "deny") == "resolved"
+        assert await waiting == "deny"
+    finally:
+        await holder.aclose()
+        await pool.close()

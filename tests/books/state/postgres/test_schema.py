@@ -23,6 +23,8 @@ TABLES = (
     "release_decisions",
     "release_figures",
     "kept_usage",
+    "tenant_files",
+    "agent_approvals",
 )
 
 
