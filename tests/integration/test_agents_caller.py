@@ -152,3 +152,54 @@ def test_a_produced_file_is_served_to_its_tenant_only(stack: Stack) -> None:
     with stack.client(stack.rs256(tenant="acme")) as c:
         assert c.get(f"/v1/files/{file['id']}/content").status_code == 404
         assert c.delete(f"/v1/files/{file['id']}").status_code == 404
+
+
+def test_a_caller_that_never_decides_is_denied_at_its_timeout(stack: Stack) -> None:
+    body = _body(f"agent=url:https://{ALLOWED}/slow", web_search_options={})
+    with (
+        stack.client(timeout=30) as c,
+        c.stream("POST", "/v1/chat/completions", json=body, headers={"x-agent-events": "1"}) as r,
+    ):
+        request_id = r.headers["x-request-id"]
+        seen = list(_events(r.iter_lines()))
+    assert any(name == "agent.approval_required" for name, _ in seen)
+    assert seen[-1] == ("message", "[DONE]")
+    (call,) = stack.receipt(request_id)["agent"]["calls"]
+    assert (call["decision"], call["by"], call["reason"]) == ("deny", "timeout", "approval_timeout")
+    assert stack.sim.approval_decisions()[-1].decision == "deny"
+
+
+def test_a_caller_gone_while_asked_denies_before_the_worker_is_let_go(stack: Stack) -> None:
+    """Spec §22: when the caller goes away every pending approval is denied at
+    once, then the worker connection is closed."""
+    before = len(stack.sim.approval_decisions())
+    body = _body(f"agent=url:https://{ALLOWED}/gone", web_search_options={})
+    with (
+        stack.client(timeout=30) as c,
+        c.stream("POST", "/v1/chat/completions", json=body, headers={"x-agent-events": "1"}) as r,
+    ):
+        request_id = r.headers["x-request-id"]
+        for name, _ in _events(r.iter_lines()):
+            if name == "agent.approval_required":
+                break  # and hang up with the question open
+    receipt = stack.receipt(request_id, timeout_s=10)
+    (call,) = receipt["agent"]["calls"]
+    assert (call["decision"], call["by"]) == ("deny", "cancel")
+    assert receipt["outcome"] == "canceled"
+    decided = stack.sim.approval_decisions()[before:]
+    assert [d.decision for d in decided] == ["deny"]
+    run = stack.sim.agent_runs()[-1]
+    # The worker heard the denial while the stream was still open to it.
+    assert run.abandoned_approval is None
+
+
+def test_a_caller_approval_needs_a_stream_with_events(stack: Stack) -> None:
+    body = _body(f"agent=url:https://{ALLOWED}/a", web_search_options={})
+    with stack.client(timeout=30) as c:
+        plain = c.post("/v1/chat/completions", json=body)
+        unstreamed = c.post(
+            "/v1/chat/completions", json={**body, "stream": False}, headers={"x-agent-events": "1"}
+        )
+    for response in (plain, unstreamed):
+        assert response.status_code == 400
+        assert response.json()["error"]["code"] == "approval_requires_events"
