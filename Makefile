@@ -53,6 +53,7 @@ bench: setup postgresql
 	$(BIN)/python -m bench.bench_instructions
 	$(BIN)/python -m bench.bench_state
 	$(BIN)/python -m bench.bench_release
+	$(BIN)/python -m bench.bench_agents
 	$(BIN)/python -m bench.bench_images_speech
 
 soak: setup

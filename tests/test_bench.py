@@ -174,3 +174,12 @@ def test_quick_release_bench_runs_both_aliases_without_errors() -> None:
     out = _quick("bench.bench_release")
     assert out.count("ok 40/40") == 2, out  # every request through both aliases answered
     assert "release - plain:" in out
+
+
+def test_quick_agents_bench_runs_plain_and_agentic_requests_without_errors() -> None:
+    out = _quick("bench.bench_agents")
+    lines = out.splitlines()
+    for kind in ("plain", "agent_1", "agent_4"):
+        runs = [line for line in lines if line.strip().startswith(f"{kind}:")]
+        assert len(runs) == 2 and all("20/20 ok" in line for line in runs), out
+    assert "each further round:" in out
