@@ -303,23 +303,33 @@ class Upstream:
     async def post_json(
         self, path: str, body: Any, request_id: str, timeout_s: float
     ) -> tuple[int, Any]:
-        """A small JSON POST (an approval's decision, spec §22): its status and
-        parsed answer (None when it is not JSON), bounded like ``request_json``."""
+        """A small JSON POST (an approval's decision, spec §22) over the lean
+        inference pool (one per tool round: httpx cost a millisecond of CPU
+        each): 200 and the parsed answer (None when not JSON), or the refusal's
+        400 / 500 class with no body; bounded in bytes and time."""
         try:
-            status, content = await self._small_json(
-                "POST", path, request_id, timeout_s, _MAX_LISTING_BYTES, body=orjson.dumps(body)
-            )
-        except (httpx.TimeoutException, TimeoutError) as exc:
+            async with asyncio.timeout(timeout_s):
+                stream = await self.open_stream(path, orjson.dumps(body), request_id, accept="json")
+                try:
+                    content = b""
+                    async for piece in stream:
+                        content += piece
+                        if len(content) > _MAX_LISTING_BYTES:
+                            raise GatewayError("upstream_protocol_error")
+                finally:
+                    stream.close()
+        except TimeoutError as exc:
             raise GatewayError("upstream_timeout") from exc
-        except httpx.HTTPError as exc:
-            raise GatewayError("upstream_unavailable", outcome="upstream_error") from exc
-        except _BadBody as exc:
-            raise GatewayError("upstream_protocol_error") from exc
+        except GatewayError as exc:
+            if exc.code == "upstream_rejected":
+                return 400, None
+            if exc.code == "upstream_error":
+                return 500, None
+            raise
         try:
-            answer = orjson.loads(content) if content else None
+            return 200, orjson.loads(content) if content else None
         except orjson.JSONDecodeError:
-            answer = None
-        return status, answer
+            return 200, None
 
     async def get_metrics(self, path: str, timeout_s: float, limit: int) -> tuple[int, bytes]:
         """The worker's Prometheus exposition (spec §20): status and body, bounded
