@@ -13,19 +13,16 @@ per round (the 1-to-4-round slope), are printed.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from bench.alternate import Payloads, alternate, mean_cpu
 from bench.loadgen import http_post
-from bench.procs import Child, gateway_command, wait_ready
-from bench.run import AUDIENCE, HS_ISSUER, TENANT, Scenario, _measure, _tokens
+from bench.run import AUDIENCE, HS_ISSUER, TENANT, Scenario
 from gateway.testing.harness import (
     DEMO_SECRET_ENV,
     SIM_ROUTE,
@@ -92,57 +89,27 @@ def _payloads(port: int, token: str, rounds: int, chunks: int) -> Callable[[int]
 def run_agents(quick: bool) -> dict[str, Any]:
     total = 20 if quick else 300
     budget_s, timeout_s = (15.0, 10.0) if quick else (120.0, 30.0)
-    workdir = Path(tempfile.mkdtemp(prefix="gateway-bench-agents-"))
-    secret = new_dev_secret()
-    env = {
-        **os.environ,
-        DEMO_SECRET_ENV: secret,
-        SESSION_ENV: new_dev_secret(),
-        "PYTHONUNBUFFERED": "1",
-    }
-    children: list[Child] = []
-    kinds = {"plain": 0, "agent_1": 1, "agent_4": 4}
-    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
-    try:
-        argv = [sys.executable, "-m", "gateway.testing.simulator", "--port", "0"]
-        sim = Child("simulator", [*argv, "--model-id", SIM_ROUTE], workdir, env)
-        children.append(sim)
-        sim.wait_listening()
-        config = _config(workdir, sim.port)
-        gw = Child(
-            "gateway",
-            [*gateway_command(), "serve", "--config", str(config), "--port", "0"],
-            workdir,
-            env,
+
+    def variant(rounds: int) -> Payloads:
+        return lambda port, token: (
+            _payloads(port, token, rounds, 16),
+            _payloads(port, token, rounds, 2),
         )
-        children.append(gw)
-        gw.wait_listening()
-        wait_ready(gw.port)
-        token = _tokens(secret)[1]
-        scenario = Scenario("agents_latency", 1, total, 16)
-        for _ in range(2):  # alternating: drift between runs shows
-            for kind, rounds in kinds.items():
-                runs[kind].append(
-                    _measure(
-                        scenario,
-                        gw,
-                        sim,
-                        _payloads(gw.port, token, rounds, 16),
-                        _payloads(gw.port, token, rounds, 2),
-                        budget_s,
-                        timeout_s,
-                        workdir / "var" / "receipts.jsonl",
-                    )
-                )
-    finally:
-        for child in reversed(children):
-            child.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
-    cpu = {k: [r["cpu_s_per_1000"] for r in rs] for k, rs in runs.items()}
-    mean = {k: sum(v) / len(v) for k, v in cpu.items()}
+
+    runs = alternate(
+        "agents",
+        [SIM_ROUTE],
+        _config,
+        {"plain": variant(0), "agent_1": variant(1), "agent_4": variant(4)},
+        Scenario("agents_latency", 1, total, 16),
+        budget_s=budget_s,
+        timeout_s=timeout_s,
+        env={SESSION_ENV: new_dev_secret()},
+    )
+    mean = mean_cpu(runs)
     return {
         "runs": runs,
-        "cpu_s_per_1000": cpu,
+        "cpu_s_per_1000": {k: [r["cpu_s_per_1000"] for r in rs] for k, rs in runs.items()},
         # s per 1,000 requests is ms per request
         "agent_1_minus_plain_ms_cpu_per_request": round(mean["agent_1"] - mean["plain"], 4),
         "ms_cpu_per_round": round((mean["agent_4"] - mean["agent_1"]) / 3, 4),

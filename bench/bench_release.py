@@ -11,22 +11,17 @@ gateway's CPU per request is compared. Target: ≤ +0.05 ms CPU per request.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.alternate import Payloads, alternate, mean_cpu
 from bench.loadgen import http_post
-from bench.procs import Child, gateway_command, wait_ready
-from bench.run import AUDIENCE, HS_ISSUER, TENANT, Scenario, _body, _measure, _tokens
+from bench.run import AUDIENCE, HS_ISSUER, TENANT, Scenario, _body
 from gateway.testing.harness import (
     DEMO_SECRET_ENV,
     SIM_ROUTE,
     default_policy,
-    new_dev_secret,
     write_config,
 )
 
@@ -88,49 +83,24 @@ def run_release(quick: bool) -> dict[str, Any]:
     # 1,000 requests a run: a clock tick (10 ms) is then 0.01 ms per request
     total = 20 if quick else 1000
     budget_s, timeout_s = (15.0, 10.0) if quick else (60.0, 30.0)
-    workdir = Path(tempfile.mkdtemp(prefix="gateway-bench-release-"))
-    secret = new_dev_secret()
-    env = {**os.environ, DEMO_SECRET_ENV: secret, "PYTHONUNBUFFERED": "1"}
-    children: list[Child] = []
-    runs: dict[str, list[dict[str, Any]]] = {"plain": [], "rel": []}
-    try:
-        argv = [sys.executable, "-m", "gateway.testing.simulator", "--port", "0"]
-        sim = Child(
-            "simulator", [*argv, "--model-id", SIM_ROUTE, "--model-id", CANARY_ROUTE], workdir, env
+
+    def variant(alias: str) -> Payloads:
+        return lambda port, token: (
+            _payloads(port, token, alias, "[[sim chunks=16 delay_ms=0]]"),
+            _payloads(port, token, alias, "[[sim chunks=2 delay_ms=0]]"),
         )
-        children.append(sim)
-        sim.wait_listening()
-        config = _config(workdir, sim.port)
-        gw = Child(
-            "gateway",
-            [*gateway_command(), "serve", "--config", str(config), "--port", "0"],
-            workdir,
-            env,
-        )
-        children.append(gw)
-        gw.wait_listening()
-        wait_ready(gw.port)
-        token = _tokens(secret)[1]
-        scenario = Scenario("release_latency", 1, total, 16)
-        for alias in ("plain", "rel", "plain", "rel"):
-            runs[alias].append(
-                _measure(
-                    scenario,
-                    gw,
-                    sim,
-                    _payloads(gw.port, token, alias, "[[sim chunks=16 delay_ms=0]]"),
-                    _payloads(gw.port, token, alias, "[[sim chunks=2 delay_ms=0]]"),
-                    budget_s,
-                    timeout_s,
-                    workdir / "var" / "receipts.jsonl",
-                )
-            )
-    finally:
-        for child in reversed(children):
-            child.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+
+    runs = alternate(
+        "release",
+        [SIM_ROUTE, CANARY_ROUTE],
+        _config,
+        {"plain": variant("plain"), "rel": variant("rel")},
+        Scenario("release_latency", 1, total, 16),
+        budget_s=budget_s,
+        timeout_s=timeout_s,
+    )
     cpu = {a: [r["cpu_s_per_1000"] for r in rs] for a, rs in runs.items()}
-    mean = {a: sum(v) / len(v) for a, v in cpu.items()}
+    mean = mean_cpu(runs)
     return {
         "runs": runs,
         "cpu_s_per_1000": cpu,

@@ -39,11 +39,8 @@ from __future__ import annotations
 import array
 import base64
 import binascii
-import io
-import json
 import math
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -85,10 +82,11 @@ from gateway.apis.fields import (
     text_size,
     unsupported,
 )
+from gateway.apis.held import HeldBody
 from gateway.apis.usage import counts_only
 from gateway.core.errors import GatewayError
 from gateway.core.replies import Spliced
-from gateway.core.sse import NEED_DATA, Done, NeedData, violation
+from gateway.core.sse import violation
 
 _TOKEN = integer(ge=0, le=2**32 - 1)
 
@@ -178,60 +176,7 @@ class EmbeddingsApi:
         return EmbeddingsDialect(plan, bounds)
 
 
-class JsonBody:
-    """A worker's one JSON answer as a sans-I/O source: bytes in (bounded), the
-    parsed object out once the body ended, then :class:`~gateway.core.sse.Done`."""
-
-    def __init__(self, max_bytes: int, loads: Callable[[bytes | str], Any] = json.loads) -> None:
-        self._max = max_bytes
-        self._loads = loads
-        self._buf = bytearray()
-        self._eof = False
-        self._parsed = False
-        self._error: GatewayError | None = None
-        self.bytes_received = 0
-
-    def receive_data(self, data: bytes) -> None:
-        if not data:
-            self._eof = True
-            return
-        self.bytes_received += len(data)
-        if self.bytes_received <= self._max:
-            self._buf += data
-
-    def next_event(self) -> Any | Done | NeedData:
-        if self._error is not None:
-            raise self._error.with_traceback(None)
-        if self._parsed:
-            return Done()
-        if self.bytes_received > self._max:
-            self._error = violation("Upstream answer exceeded the size limit.")
-            raise self._error
-        if not self._eof:
-            return NEED_DATA
-        try:
-            result = self._result()
-        except GatewayError as exc:
-            self._error = exc
-            # Not the parse's frames: they would hold the buffer as long as the error lives.
-            raise exc.with_traceback(None) from None
-        finally:
-            self._release()
-        self._parsed = True
-        return result
-
-    def _result(self) -> Any:
-        """The whole body, once it ended, as the caller's item."""
-        try:
-            return self._loads(bytes(self._buf))
-        except (ValueError, RecursionError):
-            raise violation("Upstream answer is not valid JSON.") from None
-
-    def _release(self) -> None:
-        self._buf.clear()
-
-
-class EmbeddingsBody(JsonBody):
+class EmbeddingsBody(HeldBody):
     """The worker's embeddings answer as a sans-I/O source (:class:`JsonBody`'s
     states): bytes in, bounded at ``max_bytes`` (refused as they arrive,
     nothing more kept), held once; at the end, one :class:`EmbeddingsAnswer`
@@ -243,28 +188,8 @@ class EmbeddingsBody(JsonBody):
         self._entries = entries
         self._budget = budget
         self._vector_bytes = vector_bytes
-        # BytesIO grows in place and hands its bytes over without a copy.
-        self._held: io.BytesIO | None = io.BytesIO()
-
-    def receive_data(self, data: bytes) -> None:
-        if not data:
-            self._eof = True
-            return
-        self.bytes_received += len(data)
-        if self._held is None:
-            return
-        if self.bytes_received > self._max:
-            self._held = None  # refused: nothing more is kept
-            return
-        self._held.write(data)
 
     def _result(self) -> EmbeddingsAnswer:
-        return self._answer()
-
-    def _release(self) -> None:
-        self._held = None
-
-    def _answer(self) -> EmbeddingsAnswer:
         buf = self._held
         assert buf is not None
         view = buf.getbuffer()

@@ -23,7 +23,6 @@ to store; their links come back in ``url``.
 
 from __future__ import annotations
 
-import io
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -31,10 +30,11 @@ from typing import Any
 import orjson
 
 from gateway.apis.base import OutputFile, Report
+from gateway.apis.held import HeldBody
 from gateway.apis.images.png import Png, check_png, decoded
 from gateway.core.errors import GatewayError
 from gateway.core.replies import Pieces
-from gateway.core.sse import NEED_DATA, Done, NeedData, violation
+from gateway.core.sse import violation
 
 PREFIX = b"data:image/png;base64,"
 #: the answer's bytes besides the image's base64
@@ -72,51 +72,19 @@ class WorkerImage:
         return memoryview(self.raw)[self.start : self.end]
 
 
-class ImageBody:
+class ImageBody(HeldBody):
     """One worker call's answer as a sans-I/O source: bytes in (bounded), one
     :class:`WorkerImage` out at the end, then :class:`~gateway.core.sse.Done`."""
 
     def __init__(self, max_bytes: int, token: str) -> None:
-        self._max = max_bytes
+        super().__init__(max_bytes)
         self._token = token
-        self._held: io.BytesIO | None = io.BytesIO()
-        self._eof = False
-        self._done = False
-        self._error: GatewayError | None = None
-        self.bytes_received = 0
 
-    def receive_data(self, data: bytes) -> None:
-        if not data:
-            self._eof = True
-            return
-        self.bytes_received += len(data)
-        if self._held is None:
-            return
-        if self.bytes_received > self._max:
-            self._held = None  # refused: nothing more is kept
-            return
-        self._held.write(data)
-
-    def next_event(self) -> WorkerImage | Done | NeedData:
-        if self._error is not None:
-            raise self._error.with_traceback(None)
-        if self._done:
-            return Done()
-        if self.bytes_received > self._max:
-            self._error = violation("Upstream answer exceeded the size limit.")
-            raise self._error
-        if not self._eof:
-            return NEED_DATA
-        held, self._held = self._held, None
+    def _result(self) -> WorkerImage:
+        held = self._held
         assert held is not None
-        try:
-            # BytesIO hands its bytes over without a copy once nothing else views them.
-            image = scan(held.getvalue(), self._token)
-        except GatewayError as exc:
-            self._error = exc
-            raise exc.with_traceback(None) from None
-        self._done = True
-        return image
+        # BytesIO hands its bytes over without a copy once nothing else views them.
+        return scan(held.getvalue(), self._token)
 
 
 def scan(raw: bytes, token: str) -> WorkerImage:

@@ -30,7 +30,7 @@ import orjson
 from gateway.apis.base import OneCall, Plan, Report, StreamBounds
 from gateway.apis.chat.dialect import ChunkDialect
 from gateway.apis.chat.grammar import Chunk
-from gateway.apis.embeddings.api import JsonBody
+from gateway.apis.held import JsonBody
 from gateway.apis.ids import gateway_id
 from gateway.core.errors import GatewayError
 from gateway.core.sse import violation
