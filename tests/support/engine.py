@@ -22,6 +22,7 @@ from gateway.testing.engine.process import (
 
 __all__ = [
     "EngineAdapter",
+    "Named",
     "Stream",
     "chat_body",
     "cpu_rate",
@@ -32,9 +33,19 @@ __all__ = [
 ]
 
 
+@dataclass(frozen=True)
+class Named:
+    """A named event (``event: <name>`` then ``data: <json>``): the agentic events."""
+
+    name: str
+    data: dict[str, Any]
+    raw: bytes  # the data line's JSON text, as written
+
+
 @dataclass
 class Stream:
-    """A parsed SSE body: the data events (JSON, or ``"[DONE]"``), keep-alives, raw bytes."""
+    """A parsed SSE body: the data events (JSON, ``"[DONE]"`` or :class:`Named`),
+    keep-alives, raw bytes."""
 
     events: list[Any]
     keepalives: int
@@ -44,12 +55,17 @@ class Stream:
     def chunks(self) -> list[dict[str, Any]]:
         return [e for e in self.events if isinstance(e, dict)]
 
+    @property
+    def named(self) -> list[Named]:
+        return [e for e in self.events if isinstance(e, Named)]
+
     def text(self) -> str:
         return "".join(c["choices"][0]["delta"]["content"] or "" for c in self.chunks)
 
 
 def parse_sse(raw: bytes) -> Stream:
-    """Strict: every event is ``:`` or ``data: <one line>``, each ended by exactly ``\\n\\n``."""
+    """Strict: every event is ``:``, ``data: <one line>`` or ``event: <name>`` +
+    ``data: <one line>``, each ended by exactly ``\\n\\n``."""
     if not raw.endswith(b"\n\n"):
         raise ValueError("the body does not end with a complete event")
     events: list[Any] = []
@@ -60,6 +76,12 @@ def parse_sse(raw: bytes) -> Stream:
         elif frame.startswith(b"data: ") and b"\n" not in frame:
             payload = frame[len(b"data: ") :]
             events.append("[DONE]" if payload == b"[DONE]" else json.loads(payload))
+        elif frame.startswith(b"event: ") and frame.count(b"\n") == 1:
+            name, data = frame.split(b"\n")
+            if not data.startswith(b"data: "):
+                raise ValueError(f"a named event without its data: {frame[:80]!r}")
+            payload = data[len(b"data: ") :]
+            events.append(Named(name[len(b"event: ") :].decode(), json.loads(payload), payload))
         else:
             raise ValueError(f"not an event the server writes: {frame[:80]!r}")
     return Stream(events, keepalives, raw)

@@ -37,6 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int, default=0, help="0: any free port")
     serve.add_argument("--keepalive-ms", type=float, default=10_000)
     serve.add_argument("--max-seqs", type=int, default=8)
+    serve.add_argument(
+        "--approval-timeout-s",
+        type=float,
+        default=300.0,  # the server's APPROVAL_TIMEOUT (agents.DEFAULT_APPROVAL_TIMEOUT_S)
+        help="how long an agentic approval is waited for",
+    )
     args = parser.parse_args(argv)
     if args.verb == "generate":
         print(modelgen.ensure_model(args.size, args.cache), flush=True)
@@ -46,11 +52,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     os.environ.setdefault("RUST_LOG", "warn")
+    os.environ["HF_HUB_OFFLINE"] = "1"  # never the Hub: everything the engine reads is local
     folder = modelgen.ensure_model(args.model_size, args.cache)
     from gateway.testing.engine.adapter import Adapter
+    from gateway.testing.engine.agents import AgentDesk
     from gateway.testing.engine.engine import Engine
 
-    engine = Engine(folder, max_seqs=args.max_seqs)
+    desk = AgentDesk(approval_timeout_s=args.approval_timeout_s)
+    engine = Engine(folder, max_seqs=args.max_seqs, desk=desk)
     adapter = Adapter(engine, host=args.host, port=args.port, keepalive_ms=args.keepalive_ms)
 
     async def run() -> None:
