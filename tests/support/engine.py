@@ -9,8 +9,11 @@ adapter writes and a request body. The model's text is random-weight output.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import httpx
 
 from gateway.testing.engine.process import (
     EngineAdapter,
@@ -24,6 +27,7 @@ __all__ = [
     "EngineAdapter",
     "Named",
     "Stream",
+    "agentic_stream",
     "chat_body",
     "cpu_rate",
     "cpu_seconds",
@@ -96,3 +100,35 @@ def chat_body(**fields: Any) -> dict[str, Any]:
     }
     body.update(fields)
     return body
+
+
+Decide = Callable[[dict[str, Any]], dict[str, Any] | None]
+
+
+def agentic_stream(base_url: str, body: dict[str, Any], decide: Decide) -> tuple[Stream, list[Any]]:
+    """POST a streaming chat request straight to the adapter and read it event by
+    event; at each ``agentic_tool_approval_required`` post ``decide(event data)``
+    (None: post nothing) to ``/v1/agent/approvals/{id}``. The parsed stream, and
+    the approval route's answers ``(status, json)`` in order."""
+    posted: list[Any] = []
+    raw = b""
+    with (
+        httpx.Client(base_url=base_url, timeout=60) as client,
+        client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as response,
+    ):
+        assert response.status_code == 200, response.read()
+        pending = b""
+        for part in response.iter_raw():
+            raw += part
+            pending += part
+            while b"\n\n" in pending:
+                frame, pending = pending.split(b"\n\n", 1)
+                if not frame.startswith(b"event: agentic_tool_approval_required\n"):
+                    continue
+                data = json.loads(frame.split(b"\ndata: ", 1)[1])
+                decision = decide(data)
+                if decision is not None:
+                    route = f"/v1/agent/approvals/{data['approval_id']}"
+                    answer = client.post(route, json=decision)
+                    posted.append((answer.status_code, answer.json()))
+    return parse_sse(raw), posted
