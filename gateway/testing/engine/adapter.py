@@ -8,7 +8,10 @@ the way the reference says the server does (``shared/reference/mistralrs-http.md
 Routes: ``GET /v1/models``; ``POST /v1/chat/completions`` (JSON, or SSE with
 ``stream: true``); ``POST /v1/completions`` (JSON only: the SDK has no
 streaming completion call, so a stream request is 501); ``POST
-/v1/agent/approvals/{id}`` (the server's approval route, ``agents.py``);
+/v1/images/generations`` and ``POST /v1/audio/speech`` (an image or a speech
+model's, ``media.py``: the engine refuses them on a chat model, and a chat
+request on theirs); ``POST /v1/agent/approvals/{id}`` (the server's approval
+route, ``agents.py``);
 ``GET /health``; ``GET /adapter/stats`` (counters for tests, :class:`Stats`);
 ``GET /adapter/agent-runs`` (every agentic request as the adapter saw it) and
 ``GET /adapter/sessions/{id}`` (the engine's own export of an agentic session).
@@ -44,12 +47,13 @@ import dataclasses
 import json
 import os
 import sys
+import tempfile
 import traceback
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.testing.engine import serde, translate
+from gateway.testing.engine import media, serde, translate
 from gateway.testing.engine.agents import AgentRun, Sink, runs_json
 from gateway.testing.engine.engine import ChunkStream, Engine, EngineError
 from gateway.testing.engine.http import LAST_CHUNK, Connection, Request, chunk, head
@@ -103,6 +107,9 @@ class Adapter:
         self._keepalive_s = keepalive_ms / 1000
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        # ``Url`` images: the server writes them into its working directory; the
+        # adapter into a folder of its own, removed when it closes.
+        self._images = tempfile.TemporaryDirectory(prefix="engine-adapter-images-")
 
     @property
     def port(self) -> int:
@@ -120,6 +127,7 @@ class Adapter:
         for task in list(self._connections):
             task.cancel()
         await asyncio.gather(*self._connections, return_exceptions=True)
+        self._images.cleanup()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -133,6 +141,8 @@ class Adapter:
                     break
         except ConnectionError:
             pass
+        except asyncio.CancelledError:
+            pass  # the adapter is closing: this task ends quietly (asyncio logs a cancelled one)
         except Exception:  # a bug here: say so, and drop the connection
             traceback.print_exc(file=sys.stderr)
         finally:
@@ -154,6 +164,8 @@ class Adapter:
             "/v1/models": ("GET", self._models),
             "/v1/chat/completions": ("POST", self._chat),
             "/v1/completions": ("POST", self._completions),
+            "/v1/images/generations": ("POST", self._image),
+            "/v1/audio/speech": ("POST", self._speech),
             "/adapter/stats": ("GET", self._stats),
             "/adapter/agent-runs": ("GET", self._agent_runs),
             "/metrics": ("GET", self._metrics),
@@ -254,6 +266,65 @@ class Adapter:
         payload = serde.dumps({"status": status})
         await conn.respond(code, [*base, _JSON], payload, keep_alive=request.keep_alive)
 
+    async def _image(self, conn: Connection, request: Request, base: list[Any]) -> None:
+        """``POST /v1/images/generations``: the engine's ``ImageGenerationResponse``
+        (``B64Json``: a ``data:image/png;base64,`` URL; ``Url``: the PNG's file
+        name, the file in the adapter's own folder)."""
+        body = await self._body(conn, request, base)
+        if body is None:
+            return
+        try:
+            asked = media.image_request(body)
+        except media.MediaBodyError as exc:
+            await self._deserialize_error(conn, request, base, exc)
+            return
+        if not await self._model_known(conn, request, base, body):
+            return
+        name = f"image-generation-{uuid.uuid4()}.png"
+        save = os.path.join(self._images.name, name) if asked.response_format == "Url" else None
+        try:
+            answer = await self.engine.image(
+                asked.prompt, asked.response_format, asked.height, asked.width, save
+            )
+        except EngineError as exc:
+            await self._message(conn, request, base, 422, str(exc))
+            return
+        wire = serde.to_wire(answer)
+        if save is not None:
+            for choice in wire["data"]:
+                if choice.get("url") == save:
+                    choice["url"] = name  # the server's answer: the file's relative name
+        payload = serde.dumps(wire)
+        await conn.respond(200, [*base, _JSON], payload, keep_alive=request.keep_alive)
+
+    async def _speech(self, conn: Connection, request: Request, base: list[Any]) -> None:
+        """``POST /v1/audio/speech``: the engine's PCM as WAV or raw s16le bytes."""
+        body = await self._body(conn, request, base)
+        if body is None:
+            return
+        try:
+            asked = media.speech_request(body)
+        except media.MediaBodyError as exc:
+            await self._deserialize_error(conn, request, base, exc)
+            return
+        if not await self._model_known(conn, request, base, body):
+            return
+        if asked.response_format not in media.SERVED_AUDIO:
+            await self._message(conn, request, base, 422, media.ONLY_WAV_PCM)
+            return
+        try:
+            answer = await self.engine.speech(asked.input)
+        except EngineError as exc:
+            await self._message(conn, request, base, 422, str(exc))
+            return
+        rate, channels = int(answer.rate), int(answer.channels)
+        if asked.response_format == "wav":
+            payload = media.wav(answer.pcm, rate, channels)
+        else:
+            payload = media.pcm16(answer.pcm)
+        kind = ("content-type", media.audio_content_type(asked.response_format, rate, channels))
+        await conn.respond(200, [*base, kind], payload, keep_alive=request.keep_alive)
+
     async def _models(self, conn: Connection, request: Request, base: list[Any]) -> None:
         created = self.engine.created
         data: list[dict[str, Any]] = [
@@ -282,7 +353,7 @@ class Adapter:
             return
         if not await self._model_known(conn, request, base, body):
             return
-        if agentic:
+        if agentic and self.engine.agentic_runner:
             if permission == "ask" and not stream:
                 await self._message(conn, request, base, 422, _ASK_NEEDS_STREAM)
                 return

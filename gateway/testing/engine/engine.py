@@ -23,6 +23,11 @@ or, when a call is in flight on a thread, the moment that call returns (the
 engine has a token ready within one decode step). ``open_streamers`` counts the
 streamers not yet dropped.
 
+The engine may hold an image (FLUX) or a speech (Dia) model instead
+(``kind``, ``mediagen.py``): the same single thread serves its
+``generate_image`` / ``generate_audio`` calls, and a chat request reaches it
+too (the engine refuses it, as the server's would).
+
 Agentic requests (``agents.py``) go to a second Runner over the same model
 folder, made on the first such request: it carries the adapter's search
 callback and a chat template that accepts the agentic loop's ``tool`` turns
@@ -50,6 +55,9 @@ from gateway.testing.engine.agents import AGENT_CHAT_TEMPLATE, AgentDesk
 
 T = TypeVar("T")
 
+#: what the engine may serve: a chat model, an image (FLUX) or a speech (Dia) model
+KINDS = ("chat", "image", "speech")
+
 _END: Any = object()
 
 
@@ -64,12 +72,18 @@ class Engine:
         self,
         folder: Path,
         *,
+        kind: str = "chat",
+        dac: Path | None = None,
         max_seqs: int = 8,
         threads: int = 16,
         desk: AgentDesk | None = None,
     ) -> None:
         started = time.monotonic()
+        if kind not in KINDS:
+            raise ValueError(f"unknown model kind {kind!r}")
+        self.kind = kind
         self.model_id = str(folder)
+        self._dac = dac
         self._max_seqs = max_seqs
         self._runner = mistralrs.Runner(
             which=self._which(),
@@ -90,11 +104,29 @@ class Engine:
 
     def _which(self) -> Any:
         # The SDK's stub types Which's variants as classes of their own, not as Which.
+        if self.kind == "image":
+            return mistralrs.Which.DiffusionPlain(
+                model_id=self.model_id,
+                arch=mistralrs.DiffusionArchitecture.Flux,
+                dtype=mistralrs.ModelDType.F16,
+            )
+        if self.kind == "speech":
+            return mistralrs.Which.Speech(
+                model_id=self.model_id,
+                arch=mistralrs.SpeechLoaderType.Dia,
+                dac_model_id=str(self._dac),  # never the engine's default: that is the Hub
+                dtype=mistralrs.ModelDType.F32,
+            )
         return mistralrs.Which.Plain(
             model_id=self.model_id,
             arch=mistralrs.Architecture.Llama,
             dtype=mistralrs.ModelDType.F16,  # as stored; the fastest on this CPU
         )
+
+    @property
+    def agentic_runner(self) -> bool:
+        """Whether agentic requests get the agentic Runner (a chat model only)."""
+        return self.kind == "chat"
 
     def statuses(self) -> list[tuple[str, str]]:
         """``(model id, status)`` for every model the runner knows (read at load)."""
@@ -113,6 +145,21 @@ class Engine:
         streamer = await self._call(self._runner.send_chat_completion_request, request)
         self.open_streamers += 1
         return ChunkStream(self, streamer)
+
+    async def image(
+        self, prompt: str, response_format: str, height: int, width: int, save_file: str | None
+    ) -> Any:
+        """The engine's ``generate_image`` (``B64Json``: a data URL; ``Url``: a PNG file)."""
+        fmt = getattr(mistralrs.ImageGenerationResponseFormat, response_format)
+        return await self._call(
+            lambda: self._runner.generate_image(
+                prompt, fmt, height=height, width=width, save_file=save_file
+            )
+        )
+
+    async def speech(self, prompt: str) -> Any:
+        """The engine's ``generate_audio``: PCM floats, the rate, the channels."""
+        return await self._call(self._runner.generate_audio, prompt)
 
     async def agent_chat(self, request: mistralrs.ChatCompletionRequest) -> Any:
         """A non-streaming agentic answer (the agentic Runner)."""
