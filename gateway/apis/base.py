@@ -34,7 +34,7 @@ MediaKind = Literal["image", "audio", "video"]
 TextNul = Literal["replace", "pass", "reject"]
 
 
-def _no_agents(alias: str) -> RouteAgents | None:
+def _no_agents(route: str) -> RouteAgents | None:
     return None
 
 
@@ -47,7 +47,7 @@ class PlanContext:
     nonce: str
     #: the request's header fields (lower-case names), for descriptors that read them
     headers: tuple[tuple[bytes, bytes], ...] = ()
-    #: the ``agents`` of the worker serving an alias's route (spec §22); None: none
+    #: the ``agents`` of the worker a policy route reaches (spec §22); None: none
     route_agents: Callable[[str], RouteAgents | None] = _no_agents
     #: the key of the worker's session ids (gateway ``agents.session_key_env``)
     session_key: bytes = b""

@@ -93,14 +93,13 @@ class InferenceEndpoint:
             body = await read_body(
                 scope, receive, tenant.limits.max_body_bytes, rt.config.listen.body_timeout_s
             )
-            models, table = tenant.policy.models, rt.table
             plan = self.api.plan(
                 parse_json(body, tenant.limits.max_json_depth),
                 PlanContext(
                     tenant,
                     os.urandom(8).hex(),
                     tuple(scope["headers"]),
-                    route_agents=lambda alias: table.agents_for(models[alias]),
+                    route_agents=rt.table.agents_for,
                     session_key=rt.services.session_key,
                 ),
             )

@@ -186,7 +186,21 @@ class Relay:
                 async for raw in upstream:
                     hasher.update(raw)
                     source.receive_data(raw)
-                    await self._events(send, deadline)
+                    out: list[bytes] = []
+                    try:
+                        progressed = self._drain(out, send is not None)
+                    except GatewayError:
+                        # Events validated before the bad one still reach the caller,
+                        # however the worker's bytes were split into reads.
+                        if send is not None and out:
+                            await self._send_body(send, out)
+                        raise
+                    if progressed:
+                        deadline.move_to(min(loop.time() + self.timeouts.idle_s, self._total_at))
+                    if send is not None and out:
+                        await self._send_body(send, out)
+                    if self._acting:
+                        await self._events(send, deadline)
                 source.receive_data(b"")
                 if not await self._events(send, deadline, at_eof=True):
                     raise GatewayError("upstream_protocol_error")
@@ -197,15 +211,18 @@ class Relay:
             raise GatewayError("upstream_timeout") from exc
 
     async def _events(self, send: Send | None, deadline: Deadline, *, at_eof: bool = False) -> bool:
-        """Every event buffered now to the caller, the actor's work between them;
-        as :meth:`_drain`, whether any completed (at EOF: whether the answer ended)."""
+        """The actor's pending work, then every event buffered after it (at EOF:
+        every event left); as :meth:`_drain`, whether any completed (at EOF:
+        whether the answer ended validly)."""
+        result = False
         while True:
+            if self._acting:
+                self._acting = False
+                await self._act(send, deadline)
             out: list[bytes] = []
             try:
                 result = self._drain(out, send is not None, at_eof=at_eof)
             except GatewayError:
-                # Events validated before the bad one still reach the caller,
-                # however the worker's bytes were split into reads.
                 if send is not None and out:
                     await self._send_body(send, out)
                 raise
@@ -216,8 +233,6 @@ class Relay:
                 await self._send_body(send, out)
             if not self._acting:
                 return result
-            self._acting = False
-            await self._act(send, deadline)
 
     async def _act(self, send: Send | None, deadline: Deadline) -> None:
         """The actor's work, with the idle and total timers paused (spec §24)."""

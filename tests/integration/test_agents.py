@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import pytest
 
@@ -23,7 +24,7 @@ ALLOWED = "docs.example.com"
 #: a public address (TEST-NET is reserved: use one that is routable and public)
 PUBLIC = "93.184.216.34"
 CODE_TOOL = {"type": "code_interpreter", "container": {"type": "auto"}}
-ENDPOINTS = ["chat.completions", "responses", "models", "evidence"]
+ENDPOINTS = ["chat.completions", "responses", "messages", "models", "evidence"]
 ROUTE_AGENTS = {"web_search": True, "python": True, "max_tool_rounds": 16}
 
 
@@ -332,3 +333,43 @@ def test_responses_agentic_tools_stay_refused(stack: Stack) -> None:
         response = client.post("/v1/responses", json=body)
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "unsupported_field"
+
+
+def _anthropic(stack: Stack) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=stack.url, api_key=stack.rs256(), max_retries=0, timeout=30)
+
+
+def test_a_messages_web_search_tool_runs_under_the_same_authority(stack: Stack) -> None:
+    client = _anthropic(stack)
+    try:
+        message = client.messages.create(
+            model="gemma-4-mm",
+            max_tokens=64,
+            tools=[{"type": "web_search_20250305", "name": "web_search", "max_uses": 2}],
+            messages=[{"role": "user", "content": f"read [[sim agent=url:https://{ALLOWED}/m]]"}],
+        )
+    finally:
+        client.close()
+    assert message.content and message.content[0].type == "text"
+    run = _last_run(stack)
+    assert _decisions(stack, run) == ["approve"]
+    sent = _chat_sent(stack)
+    # Forwarded as the worker's chat fields; max_uses lowers the rounds.
+    assert sent["max_tool_rounds"] == 2 and sent["agent_permission"] == "ask"
+    assert "tools" not in sent or all(t.get("type") != "web_search_20250305" for t in sent["tools"])
+
+
+def test_a_streamed_messages_run_denies_a_private_fetch(stack: Stack) -> None:
+    client = _anthropic(stack)
+    try:
+        with client.messages.stream(
+            model="gemma-4-mm",
+            max_tokens=64,
+            tools=[{"type": "web_search_20250305", "name": "web_search"}],
+            messages=[{"role": "user", "content": "read [[sim agent=url:http://10.9.8.7/]]"}],
+        ) as stream:
+            final = stream.get_final_message()
+    finally:
+        client.close()
+    assert final.stop_reason is not None
+    assert _decisions(stack, _last_run(stack)) == ["deny"]

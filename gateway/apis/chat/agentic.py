@@ -50,10 +50,11 @@ def plan_agent(body: dict[str, Any], ctx: PlanContext, rewrite: Rewrite) -> Agen
     what the tenant's policy and the alias's route allow, the caller's wish for
     agent events (a stream with ``x-agent-events: 1``)."""
     policy = ctx.tenant.policy.agents
-    route = None
-    if policy is not None:
-        # A model the tenant cannot name is that error first, as without agents.
-        route = ctx.route_agents(resolve_alias(body, ctx))
+    if policy is None:
+        # Without agents the dialect's allowlist refuses every agentic field, as before.
+        return None
+    # A model the tenant cannot name is that error first, as without agents.
+    route = ctx.route_agents(ctx.aliases[resolve_alias(body, ctx)])
     events = agent_events_asked(body, ctx)
     context = AgentContext(ctx.tenant.name, policy, route, ctx.session_key, agent_events=events)
     return rewrite(body, context)
