@@ -85,6 +85,8 @@ class Stats:
     chunks_streamed: int = 0  # data events written, [DONE] and errors excluded
     tokens_streamed: int = 0  # completion_tokens of the finished streams' usage
     requests: int = 0
+    images_generated: int = 0  # the engine's generate_image calls answered
+    speech_generated: int = 0  # the engine's generate_audio calls answered
 
 
 class Adapter:
@@ -289,6 +291,7 @@ class Adapter:
         except EngineError as exc:
             await self._message(conn, request, base, 422, str(exc))
             return
+        self.stats.images_generated += 1
         wire = serde.to_wire(answer)
         if save is not None:
             for choice in wire["data"]:
@@ -317,6 +320,7 @@ class Adapter:
         except EngineError as exc:
             await self._message(conn, request, base, 422, str(exc))
             return
+        self.stats.speech_generated += 1
         rate, channels = int(answer.rate), int(answer.channels)
         if asked.response_format == "wav":
             payload = media.wav(answer.pcm, rate, channels)
