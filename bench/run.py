@@ -368,7 +368,12 @@ def _cpu(server: Child, sim: Child) -> dict[str, float]:
 
 
 def _lines(path: Path | None) -> int:
-    return path.read_bytes().count(b"\n") if path is not None and path.exists() else 0
+    """Receipts in the audit file: its lines but the write-ahead ``open`` ones."""
+    if path is None or not path.exists():
+        return 0
+    data = path.read_bytes()
+    opens = data.count(b'\n{"kind":"open"') + data.startswith(b'{"kind":"open"')
+    return data.count(b"\n") - opens
 
 
 def _settle(receipts: Path | None, expected: int, timeout_s: float = 10) -> int:

@@ -35,7 +35,8 @@ class AuditFileHeld(Exception):
     """Another writer holds the audit file's lock: this one must not start."""
 
     def __init__(self) -> None:
-        super().__init__("the audit file is held by another gateway process")
+        # The config key it conflicts on, never the path (spec §24).
+        super().__init__("audit.path: the audit file is held by another gateway process")
 
 
 def lock_path(path: Path) -> Path:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     # Type-only: the evidence package's service imports these protocols.
     from gateway.books.evidence.records import EvidenceRecord
+    from gateway.books.receipt_chain import Anchor
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +190,11 @@ class EvidenceCatalog(Protocol):
         """Whether a record or an unexpired lease names the digest."""
         ...
 
+    async def referenced(self, sha256s: Sequence[str]) -> set[str]:
+        """Which of ``sha256s`` a record or an unexpired lease names: one call
+        for a sweep's batch of stored files."""
+        ...
+
     async def active_leases(self) -> int: ...
 
     async def sweep_leases(self) -> list[tuple[str, str]]:
@@ -275,4 +281,23 @@ class ReleaseStore(Protocol):
 
     async def figures(self, since: float) -> dict[str, dict[str, dict[str, ArmCounts]]]:
         """Release -> replica -> arm -> counts, of the replicas that published since ``since``."""
+        ...
+
+
+#: an anchor of a replica silent this long is forgotten (replica ids change with
+#: restarts; its receipts are verified against it for that long after it stopped)
+ANCHOR_FORGET_AFTER_S = 30 * 86_400.0
+
+
+class AnchorStore(Protocol):
+    """Each replica's receipt-chain head, recorded every ``audit.anchor_interval_s``
+    (spec §24): what ``receipts verify --anchors`` holds the audit files against."""
+
+    async def anchor(self, replica: str, seq: int, sha256: str, now: float) -> None:
+        """Record the replica's head on disk (replacing its last), and forget the
+        anchors of replicas silent for :data:`ANCHOR_FORGET_AFTER_S`."""
+        ...
+
+    async def anchors(self) -> dict[str, Anchor]:
+        """Every replica's last anchor, by replica."""
         ...

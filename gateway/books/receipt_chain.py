@@ -20,22 +20,35 @@ Rules:
   A chain whose oldest line here is past seq 1 is not a finding: rotation
   (``audit.keep``) removes a chain's oldest files by design.
 
+- Write-ahead (spec §24): an ``open`` line (``"kind": "open"``) is a link of
+  the chain written at admission; the request's receipt names its seq
+  (``open_seq``). An open line of a replica that no receipt of that replica
+  names is ``unfinished``: the request was admitted and never ended in a
+  receipt (its replica was killed, or the receipt was lost).
+- Anchors (spec §24): each replica records its chain head on disk (``seq``,
+  ``sha256``) in the state store every ``audit.anchor_interval_s``. A chain
+  whose newest line here is below its anchor's seq is ``truncated`` (lines
+  were deleted from its end, which no link can show); a line at the anchor's
+  seq that is not the anchored one is a ``gap`` (changed or replaced).
+
 Pure: bytes and entries in, entries and findings out; the writer and the
 ``receipts`` CLI do the file I/O.
 """
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import itertools
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import orjson
 
 __all__ = [
+    "Anchor",
     "ChainHead",
     "Entry",
     "Finding",
@@ -46,7 +59,7 @@ __all__ = [
     "read_line",
 ]
 
-Kind = Literal["gap", "lost", "fork", "torn", "malformed"]
+Kind = Literal["gap", "lost", "fork", "torn", "malformed", "unfinished", "truncated"]
 
 
 def line_sha256(line: bytes) -> str:
@@ -118,6 +131,21 @@ class Entry:
     replica: str | None = None
     seq: int | None = None
     prev_sha256: str | None = None
+    #: an ``open`` line's request (write-ahead, spec §24); None for a receipt
+    opens: str | None = None
+    #: the seq of the open line a receipt closes (``open_seq``)
+    open_seq: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Anchor:
+    """A replica's chain head on disk as it last recorded it (spec §24)."""
+
+    replica: str
+    seq: int
+    sha256: str
+    #: unix seconds of the recording
+    updated: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +186,15 @@ def read_line(
         return entry, cut or Finding(
             "malformed", f"malformed: {where}: replica, seq or prev_sha256 of the wrong type"
         )
-    return replace(entry, replica=replica, seq=seq, prev_sha256=prev), cut
+    opens, open_seq = None, receipt.get("open_seq")
+    if receipt.get("kind") == "open":
+        request_id = receipt.get("request_id")
+        opens = request_id if isinstance(request_id, str) else ""
+    if not (open_seq is None or (isinstance(open_seq, int) and not isinstance(open_seq, bool))):
+        open_seq = None
+    return replace(
+        entry, replica=replica, seq=seq, prev_sha256=prev, opens=opens, open_seq=open_seq
+    ), cut
 
 
 @dataclass(slots=True)
@@ -172,10 +208,19 @@ class Report:
     copies: int = 0
     #: chains whose oldest line here is past seq 1 (older files not given, or rotated away)
     partial: int = 0
+    #: open lines (write-ahead), and those no receipt closes (also in findings)
+    opens: int = 0
+    unfinished: int = 0
+    #: anchored replicas with no line in the files given (not a finding: a check of
+    #: some replicas' directories only)
+    anchored_absent: int = 0
 
 
-def check(entries: Iterable[Entry], where: list[str]) -> Report:
-    """Every replica's chain checked; ``where[entry.source]`` names an entry's file."""
+def check(
+    entries: Iterable[Entry], where: list[str], anchors: Mapping[str, Anchor] | None = None
+) -> Report:
+    """Every replica's chain checked; ``where[entry.source]`` names an entry's file;
+    ``anchors`` (by replica), when given, are held against each chain's end."""
     report = Report()
     chains: dict[str, dict[int, list[Entry]]] = defaultdict(lambda: defaultdict(list))
     seen: set[str] = set()
@@ -184,7 +229,10 @@ def check(entries: Iterable[Entry], where: list[str]) -> Report:
             report.copies += 1
             continue
         seen.add(entry.sha256)
-        report.receipts += 1
+        if entry.opens is not None:
+            report.opens += 1
+        else:
+            report.receipts += 1
         if entry.replica is None or entry.seq is None:
             report.unchained += 1
         else:
@@ -192,7 +240,57 @@ def check(entries: Iterable[Entry], where: list[str]) -> Report:
     report.replicas = len(chains)
     for replica in sorted(chains):
         _check_chain(replica, chains[replica], where, report)
+        report.findings += _unfinished(replica, chains[replica], where, report)
+    for replica, anchor in sorted((anchors or {}).items()):
+        if replica not in chains:
+            report.anchored_absent += 1
+            continue
+        report.findings += _against_anchor(replica, chains[replica], anchor, where)
     return report
+
+
+def _unfinished(
+    replica: str, by_seq: dict[int, list[Entry]], where: list[str], report: Report
+) -> list[Finding]:
+    """Open lines of the replica that none of its receipts names."""
+    closed = {e.open_seq for lines in by_seq.values() for e in lines if e.opens is None}
+    found = []
+    for seq in sorted(by_seq):
+        for entry in by_seq[seq]:
+            if entry.opens is not None and seq not in closed:
+                report.unfinished += 1
+                text = (
+                    f"unfinished: replica {replica} seq {seq} ({_at(entry, where)}): request "
+                    f"{entry.opens or '?'} was admitted and has no receipt"
+                )
+                found.append(Finding("unfinished", text))
+    return found
+
+
+def _against_anchor(
+    replica: str, by_seq: dict[int, list[Entry]], anchor: Anchor, where: list[str]
+) -> list[Finding]:
+    newest = max(by_seq)
+    if newest < anchor.seq:
+        text = (
+            f"truncated: replica {replica}: the newest line here is seq {newest}, but the "
+            f"replica anchored seq {anchor.seq} at {_iso(anchor.updated)}: "
+            f"{anchor.seq - newest} lines are gone from its end"
+        )
+        return [Finding("truncated", text)]
+    lines = by_seq.get(anchor.seq, [])
+    if lines and all(e.sha256 != anchor.sha256 for e in lines):
+        text = (
+            f"gap: replica {replica} seq {anchor.seq} ({_at(lines[0], where)}): not the line "
+            "its anchor names (a line was changed or replaced)"
+        )
+        return [Finding("gap", text)]
+    return []
+
+
+def _iso(unix_s: float) -> str:
+    moment = datetime.datetime.fromtimestamp(unix_s, datetime.UTC)
+    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _at(entry: Entry, where: list[str]) -> str:

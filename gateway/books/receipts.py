@@ -42,16 +42,30 @@ Rules:
 - :meth:`ReceiptWriter.flush` and :meth:`ReceiptWriter.aclose` wait at most
   their timeout (a drain must not hang on a full disk) and report how many
   receipts they could not write.
+- **Write-ahead** (spec §24): at admission :meth:`ReceiptWriter.open` queues
+  an ``open`` line (``{"kind": "open", "request_id", "replica", "seq",
+  "prev_sha256", "tenant", "endpoint", "created"}``), a link of the chain like
+  a receipt, and the request's receipt names it (``open_seq``): a replica
+  SIGKILLed mid-request leaves its open lines without receipts, which
+  ``receipts verify`` reports as ``unfinished``. An open line does not wake
+  the flusher: it rides the next batch a receipt starts, so it adds no fsync
+  of its own; only one that waited :data:`OPEN_DUE_S` alone (a long request
+  and nothing else ending) is written by itself.
+- :attr:`ReceiptWriter.durable` is the chain's head on disk (``seq``,
+  ``sha256`` of the last line fsynced): what the chain anchors record
+  (``gateway/books/anchors.py``), never a line a crash could still take.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import hashlib
 import logging
 import math
 import os
 import re
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -84,6 +98,9 @@ _BACKOFF_S = (0.05, 2.0)
 _BATCH_BYTES = 1 << 20
 #: the longest ``subject`` a receipt keeps, in characters (spec §21)
 MAX_SUBJECT_CHARS = 256
+#: the longest an open line waits for a receipt's batch to ride before it is
+#: written alone (a request killed sooner after its admission leaves no trace)
+OPEN_DUE_S = 0.25
 #: what orjson writes raw inside strings that some readers take for a line end
 #: (U+2028, U+2029, U+0085 in UTF-8), and the JSON escape each becomes. In
 #: valid UTF-8 these byte sequences are those characters and nothing else
@@ -145,6 +162,8 @@ class Receipt:
     release: ReleaseMark | None = None
     #: an agentic request's rounds, tool calls and decisions, files, worker session (spec §22)
     agent: dict[str, Any] | None = None
+    #: the seq of this request's ``open`` line (spec §24); null: refused before admission
+    open_seq: int | None = None
     #: the replica's chain (gateway/books/receipt_chain.py), stamped by the writer
     replica: str | None = None
     seq: int | None = None
@@ -170,11 +189,14 @@ def receipt_line(receipt: Receipt) -> bytes:
     if len(subject) > MAX_SUBJECT_CHARS or not subject.isascii():
         receipt.subject = _LONE_SURROGATE.sub("\ufffd", subject[:MAX_SUBJECT_CHARS])
     # orjson writes dataclasses natively, fields in declaration order.
-    line = orjson.dumps(receipt)
-    if not line.isascii():  # one fast pass; most receipts are ASCII
+    return _escaped(orjson.dumps(receipt)) + b"\n"
+
+
+def _escaped(line: bytes) -> bytes:
+    if not line.isascii():  # one fast pass; most lines are ASCII
         for raw, escaped in _LINE_BREAKS:
             line = line.replace(raw, escaped)
-    return line + b"\n"
+    return line
 
 
 def _reason(exc: OSError) -> str:
@@ -207,6 +229,15 @@ class ReceiptWriter:
         self._on_lost = on_lost
         self._on_pending = on_pending
         self._pending: deque[bytes] = deque()
+        #: each pending line's chain link (seq, sha256), None for a torn line's end
+        self._links: deque[tuple[int, str] | None] = deque()
+        #: open lines still to write: (when due, monotonic; their line's number)
+        self._opens: deque[tuple[float, int]] = deque()
+        self._open_timer: asyncio.TimerHandle | None = None
+        #: the last line on disk: (seq, sha256); None before the chain's first
+        self.durable: tuple[int, str] | None = None
+        #: the last line written, fsynced or not yet
+        self._written_link: tuple[int, str] | None = None
         #: bytes of the line at the head of the queue already on disk (a cut write)
         self._head_written = 0
         self._wakeup = asyncio.Event()
@@ -244,25 +275,74 @@ class ReceiptWriter:
         """Queue one receipt; never blocks the event loop."""
         # Taken before the bound: a lost receipt's seq is the mark it leaves in the chain.
         seq = self._chain.advance()
-        if len(self._pending) >= self._max_pending:
-            self.lost += 1
-            if self._on_lost is not None:
-                self._on_lost(1)
-            if not self._losing:
-                self._losing = True
-                log.error(
-                    "receipts: %d pending, the backlog bound; further receipts are lost "
-                    "(counted in gateway_receipts_lost_total) until writing catches up",
-                    len(self._pending),
-                )
+        if self._full():
             return
         receipt.replica, receipt.seq = self._chain.replica, seq
         receipt.prev_sha256 = self._chain.last_sha256
-        line = receipt_line(receipt)
+        self._queue(receipt_line(receipt), seq)
+        self._wakeup.set()
+
+    def open(self, receipt: Receipt) -> None:
+        """At admission: queue the request's ``open`` line (module docstring) and
+        name its seq on the receipt. Never blocks, never wakes the flusher."""
+        seq = receipt.open_seq = self._chain.advance()
+        if self._full():
+            return
+        fields = {
+            "kind": "open",
+            "request_id": receipt.request_id,
+            "replica": self._chain.replica,
+            "seq": seq,
+            "prev_sha256": self._chain.last_sha256,
+            "tenant": receipt.tenant,
+            "endpoint": receipt.endpoint,
+            "created": time.time(),
+        }
+        # On every request's path: hashed without a copy (the line's bytes before
+        # its newline), and no gauge update (the receipt's own comes soon).
+        body = _escaped(orjson.dumps(fields))
+        sha256 = self._chain.last_sha256 = hashlib.sha256(body).hexdigest()
+        self._opens.append((time.monotonic() + OPEN_DUE_S, self.written + len(self._pending)))
+        self._pending.append(body + b"\n")
+        self._links.append((seq, sha256))
+        if self._open_timer is None and self._task is not None:
+            self._open_timer = asyncio.get_running_loop().call_later(OPEN_DUE_S, self._open_due)
+
+    def _full(self) -> bool:
+        """At the backlog bound: the line (its seq already taken) is counted as lost."""
+        if len(self._pending) < self._max_pending:
+            return False
+        self.lost += 1
+        if self._on_lost is not None:
+            self._on_lost(1)
+        if not self._losing:
+            self._losing = True
+            log.error(
+                "receipts: %d pending, the backlog bound; further receipts are lost "
+                "(counted in gateway_receipts_lost_total) until writing catches up",
+                len(self._pending),
+            )
+        return True
+
+    def _queue(self, line: bytes, seq: int) -> None:
         self._chain.link(line)
         self._pending.append(line)
+        self._links.append((seq, self._chain.last_sha256 or ""))
         self._changed()
-        self._wakeup.set()
+
+    def _open_due(self) -> None:
+        """An open line waited :data:`OPEN_DUE_S` for a batch to ride: write it now."""
+        self._open_timer = None
+        opens, now = self._opens, time.monotonic()
+        woken = False
+        while opens and (opens[0][1] < self.written or opens[0][0] <= now):
+            if opens[0][1] >= self.written and not woken:
+                self._wakeup.set()  # the flusher writes every line pending, this one too
+                woken = True
+            opens.popleft()
+        if opens and not self._closed:
+            delay = max(0.0, opens[0][0] - now)
+            self._open_timer = asyncio.get_running_loop().call_later(delay, self._open_due)
 
     def reopen(self) -> None:
         """SIGHUP: reopen the path before the next write (external logrotate)."""
@@ -292,6 +372,9 @@ class ReceiptWriter:
             return len(self._pending)
         self._closed = True
         self._wakeup.set()
+        if self._open_timer is not None:
+            self._open_timer.cancel()
+            self._open_timer = None
         task, self._task = self._task, None
         try:
             async with asyncio.timeout(timeout_s):
@@ -379,6 +462,8 @@ class ReceiptWriter:
         try:
             # Under the lock: no other writer moves the file's end meanwhile.
             self._chain = ChainHead.resume(self._chain.replica, audit_file.last_line(self._path))
+            if self._chain.seq and self._chain.last_sha256 is not None:
+                self.durable = self._written_link = (self._chain.seq, self._chain.last_sha256)
             self._open()
             self._end_torn_line()
         except BaseException:
@@ -425,6 +510,8 @@ class ReceiptWriter:
         finally:
             self._account(lines, done)
         os.fsync(self._fd)
+        # On disk now (the fsync covers lines an earlier failed batch wrote too).
+        self.durable = self._written_link
         self.batches += 1
 
     def _account(self, lines: list[bytes], done: int) -> None:
@@ -436,6 +523,9 @@ class ReceiptWriter:
                 break
             progress -= len(line)
             self._pending.popleft()
+            link = self._links.popleft()
+            if link is not None:
+                self._written_link = link
             self.written += 1
         self._head_written = progress
 
@@ -460,4 +550,5 @@ class ReceiptWriter:
             if torn:
                 # Ahead of every receipt; written (and retried) like one, not counted as one.
                 self._pending.appendleft(b"\n")
+                self._links.appendleft(None)
                 self.written -= 1

@@ -85,10 +85,19 @@ class LimitsStoreConfig(Model):
         description="Prefix of every Redis key (one per environment).",
     )
     timeout_ms: Annotated[int, Field(ge=1, le=60_000)] = Field(
-        50,
+        250,
         description=(
             "Bound of each store call (connecting, and the whole script call); a batch of "
-            "settlements gets one more per 64 scripts."
+            "settlements gets one more per 64 scripts. A call past it fails that request "
+            "(503 limits_unavailable under on_error: closed), not the replica's readiness."
+        ),
+    )
+    unready_after_s: Annotated[float, Field(ge=0, le=3600)] = Field(
+        5,
+        description=(
+            "/readyz reports limits_unavailable (on_error: closed) only once every store "
+            "call and probe has failed for this long: one slow answer never takes a replica, "
+            "nor a fleet on one Redis, out of its Service."
         ),
     )
     on_error: Literal["closed", "open"] = Field(

@@ -43,6 +43,14 @@ class AuditConfig(Model):
         ),
     )
     keep: Annotated[int, Field(ge=0, le=1000)] = Field(10, description="Rotated files kept.")
+    anchor_interval_s: Annotated[float, Field(gt=0, le=3600)] = Field(
+        10,
+        description=(
+            "Each replica records its receipt chain's head on disk (replica, seq, sha256) in "
+            "the state store this often: `receipts verify --anchors` reports a chain shorter "
+            "than its anchor as truncated (spec section 24)."
+        ),
+    )
 
 
 class MetricsListen(Model):

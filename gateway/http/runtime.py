@@ -28,6 +28,7 @@ from gateway import __version__
 from gateway.admission import AdmissionGroup
 from gateway.auth.authenticator import Authenticator
 from gateway.auth.keys import load_key_set
+from gateway.books.anchors import start_anchors
 from gateway.books.evidence.service import EvidenceService
 from gateway.books.receipts import ReceiptWriter
 from gateway.books.responses import ResponseBook
@@ -142,13 +143,13 @@ class Runtime:
         """Why ``/readyz`` is 503 beyond the worker's routes, if it is.
 
         Reads state only (the receipt writer's, the limits store's from its
-        last call or probe), so a probe never waits for either. A failing
-        limits store makes the replica unready only under ``on_error:
-        closed``, where it refuses inference (spec §15); under ``open`` it
-        serves unchecked and stays ready."""
+        last calls and probes), so a probe never waits for either. A limits
+        store failing every call for ``unready_after_s`` makes the replica
+        unready only under ``on_error: closed``, where it refuses inference
+        (spec §15, §24); under ``open`` it serves unchecked and stays ready."""
         if not self.receipts.healthy:
             return "audit_unavailable"
-        if not self.ratelimit.healthy and self.config.limits_store.on_error == "closed":
+        if not self.ratelimit.ready and self.config.limits_store.on_error == "closed":
             return "limits_unavailable"
         return None
 
@@ -326,6 +327,7 @@ async def build_runtime(loaded: Loaded, tracing: Tracing | None = None) -> Runti
             metrics=metrics,
             staging=config.staging,
             blobs=evidence.store,
+            state=state.calls,
             hosts=HostLookup(config.agents.hosts),
             session_key=_session_key(config, os.environ),
         ),
@@ -355,6 +357,11 @@ async def start_background(runtime: Runtime) -> None:
     runtime.table.releases.start()
     runtime.responses.start()
     runtime.background.append(asyncio.create_task(_sweep_expired(runtime), name="evidence-expiry"))
+    # The receipt chain's head into the state store (spec §24).
+    anchors = start_anchors(
+        runtime.receipts, runtime.state.anchors, runtime.config, runtime.metrics
+    )
+    runtime.background.append(anchors)
 
 
 async def _sweep_expired(runtime: Runtime) -> None:
@@ -380,6 +387,8 @@ async def _sweep_expired(runtime: Runtime) -> None:
         else:
             if swept:
                 log.info("evidence: %d expired leases dropped", swept)
+        # Files an outage or a crash left between rename and record (spec §24).
+        await runtime.evidence.sweep_staged()
 
 
 async def close_runtime(runtime: Runtime) -> None:

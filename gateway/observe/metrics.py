@@ -152,6 +152,12 @@ class GatewayMetrics:
         self.receipts_pending = Gauge(
             "gateway_receipts_pending", "Receipts waiting to be written.", registry=r
         )
+        self.receipts_chain_seq = Gauge(
+            "gateway_receipts_chain_seq",
+            "The seq of this replica's receipt chain's last line on disk (spec section 24).",
+            ["replica"],
+            registry=r,
+        )
         self.reloads = Counter(
             "gateway_reloads_total", "Policy/key reloads by result.", ["result"], registry=r
         )

@@ -19,6 +19,7 @@ from gateway.books.evidence.records import EvidenceRecord
 from gateway.books.evidence.store import EvidenceStore
 from gateway.books.protocols import KeptResponse
 from gateway.books.receipts import Receipt
+from gateway.books.state.calls import StateCalls
 from gateway.config import StagingConfig
 from gateway.observe.metrics import GatewayMetrics
 from gateway.pipeline.cancel import Exchange
@@ -42,7 +43,10 @@ class RequestEvidence(Protocol):
 
 
 class ReceiptSink(Protocol):
-    """Where a finished request's receipt goes (``ReceiptWriter``)."""
+    """Where a request's receipt goes (``ReceiptWriter``): its write-ahead
+    ``open`` line at admission (spec §24), the receipt at the end."""
+
+    def open(self, receipt: Receipt) -> None: ...
 
     def write(self, receipt: Receipt) -> None: ...
 
@@ -137,6 +141,8 @@ class Services:
     blobs: EvidenceStore
     #: in-flight requests, so that a drain can wait for them and end the rest
     inflight: set[Exchange] = field(default_factory=set)
+    #: the state store's health: what needs it is refused while it is known down (§24)
+    state: StateCalls = field(default_factory=lambda: StateCalls(None))
     #: where an agentic run keeps the files the worker made (spec §22)
     files: TenantFiles | None = None
     #: approvals asked of callers (spec §22)

@@ -15,6 +15,7 @@ from gateway.apis.base import Api, Plan
 from gateway.apis.responses.conversation import MAX_LINKS, PARAM, expand
 from gateway.apis.usage import estimate_prompt_tokens
 from gateway.books.receipts import ReleaseMark
+from gateway.books.state.guard import require_state
 from gateway.config.policy import Tenant
 from gateway.core.body import check_size
 from gateway.core.errors import GatewayError
@@ -66,16 +67,13 @@ async def run(call: Call, routed: Routed, api: Api, plan: Plan) -> None:
     services, tenant, resolved = call.services, call.tenant, routed.resolved
     worker = resolved.worker
     staging = services.staging
-    route_agents = worker.config.agents
-    if (
-        route_agents is not None
-        and route_agents.mcp_config
-        and api.endpoint.tool_loop == "ungoverned"
-    ):
+    agents = worker.config.agents
+    if agents is not None and agents.mcp_config and api.endpoint.tool_loop == "ungoverned":
         # Its worker would run its MCP tools for this path unasked (reference §3.2).
-        raise GatewayError(
-            "model_not_capable", "This model runs tools unasked here.", param="model"
-        )
+        message = "This model would run its tools unasked on this path."
+        raise GatewayError("model_not_capable", message, param="model")
+    # The store known down: refused before any of it runs, the worker untouched (spec §24).
+    require_state(services.state, plan)
     forward = api.forward(plan, resolved.route)
     if plan.previous_response_id is not None:
         # The conversation is the gateway's (spec §17): forwarded whole, counted
@@ -109,6 +107,8 @@ async def run(call: Call, routed: Routed, api: Api, plan: Plan) -> None:
     queued_at = now()
     with step(call.info.span, "gateway.admission", {NS + "upstream": worker.name}):
         routed.permit = await permit_for(tenant, worker, plan)
+    # Admitted: its write-ahead line, so a replica killed from now on leaves a trace (§24).
+    services.receipts.open(call.receipt)
     waited = call.timings.admission = now() - queued_at
     call.receipt.queue_ms = ms(waited)
     services.metrics.admission_wait.observe(waited)

@@ -23,9 +23,12 @@ shared ``RedisLimitsStore``.
   every token is refunded, the request itself stays counted. A second call
   for the same hold is a no-op.
 * ``start()``, ``flush(timeout_s)`` and ``aclose(timeout_s)`` bound the
-  store's background work; ``healthy`` is False while a shared store is
-  failing (readiness reads it, never waiting for the store);
-  ``pending_settlements`` counts settlements queued and not yet applied.
+  store's background work; ``healthy`` is False from a shared store's failed
+  call to its next success (the metric); ``ready`` is False only once every
+  call has failed for ``limits_store.unready_after_s`` (what readiness reads,
+  never waiting for the store: one slow answer is that request's failure,
+  not the replica's, spec §24); ``pending_settlements`` counts settlements
+  queued and not yet applied.
 
 A :class:`Hold` is what a reservation took. ``checked=False`` marks the hold
 a failing store hands out under ``on_error: open``: nothing was taken, there
@@ -107,6 +110,9 @@ class LimitsStore(Protocol):
 
     @property
     def healthy(self) -> bool: ...
+
+    @property
+    def ready(self) -> bool: ...
 
     @property
     def pending_settlements(self) -> int: ...

@@ -61,4 +61,5 @@ def build_limits_store(
         # readiness (spec §15, §16): the store is probed as often as the
         # workers are (the most frequent of them)
         probe_interval_s=min(u.readiness_poll_s for u in config.workers),
+        unready_after_s=section.unready_after_s,
     )

@@ -75,6 +75,10 @@ class MemoryLimitsStore:
         return True
 
     @property
+    def ready(self) -> bool:
+        return True
+
+    @property
     def pending_settlements(self) -> int:
         return 0  # settlements apply at once
 

@@ -28,6 +28,13 @@ password), and the first success after it logs the recovery. ``healthy`` is
 False during an episode. There is no circuit breaker: each request tries
 again, so the store recovers by itself as soon as Redis answers.
 
+**Readiness** (spec §24) is not ``healthy``: one slow answer is that
+request's failure, and every replica on one Redis sees the same slow
+moment, so turning unready on it pulled a whole fleet out of its Service at
+once. ``ready`` is False only once every call (requests, settlements,
+renewals, probes) has failed for ``unready_after_s``, and True again at the
+first success.
+
 A reservation whose answer was lost (timeout, cancellation) may still have
 been applied by the server, or may still be on its way there (the command
 sits in a socket buffer while the server is paused). It is *voided* through
@@ -52,6 +59,17 @@ of them, under the lock settlements are applied under. A failed renewal is a
 store failure (op ``renew``); the next interval tries again, and adds back
 (and logs) the slots that expired meanwhile: their requests still run.
 
+**After an outage** (spec §24), a slot may have expired on the server while
+its request ran on (a stall longer than ``lease_ttl_s``), and another
+replica's reservation could take it. So after any failure, the first call
+that gets through renews every held slot first: a reservation waits for
+that renewal before its own script (``_catch_up``, once for all who wait), a
+probe does it before it reports the store healthy, and a settlement's or a
+renewal's success starts it at once. The fleet then runs over
+``max_concurrent_requests`` by at most what other replicas admitted in the
+moment before this one saw Redis answer, not until the next
+``lease_renew_s``.
+
 **Crashes.** A replica that dies without settling stops renewing: its
 slots are free within ``lease_ttl_s``, whatever ``total_timeout_s`` is. Its
 holds expire with their lease (``lease_s``, the gateway passes
@@ -66,6 +84,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -132,6 +151,8 @@ class RedisLimitsStore:
         max_pending: int = 100_000,
         secret: str | None = None,
         probe_interval_s: float | None = None,
+        unready_after_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if timeout_s <= 0 or lease_s <= 0:
             raise ValueError("timeout_s and lease_s must be positive")
@@ -155,6 +176,19 @@ class RedisLimitsStore:
         self._probe = client.register_script(PROBE)
         self._renew = client.register_script(RENEW)
         self._healthy = True
+        self._unready_after_s = unready_after_s
+        self._clock = clock
+        #: when the failing streak began and its latest failure (``clock``); None: none
+        self._failing_since: float | None = None
+        self._last_failure = 0.0
+        #: failures so far: a catch-up that overlapped one is not the last word
+        self._failures = 0
+        #: a failure happened since held slots were last renewed (module docstring)
+        self._renew_due = False
+        self._catching_up = asyncio.Lock()
+        self._catch_up_task: asyncio.Task[None] | None = None
+        #: aclose began: a settlement applied now starts no catch-up
+        self._closing = False
         self._dropping = False
         #: ops whose last batch had calls the script refused (logged once per episode)
         self._refusing: set[str] = set()
@@ -219,6 +253,12 @@ class RedisLimitsStore:
         return self._healthy
 
     @property
+    def ready(self) -> bool:
+        """False once every call has failed for ``unready_after_s`` (module docstring)."""
+        since = self._failing_since
+        return since is None or self._last_failure - since < self._unready_after_s
+
+    @property
     def pending_settlements(self) -> int:
         return self._flusher.pending
 
@@ -257,6 +297,12 @@ class RedisLimitsStore:
             return False
         finally:
             self._metrics.limits_store_call("probe", time.perf_counter() - started)
+        if self._renew_due:
+            # Healthy means this replica's running requests hold their slots again.
+            try:
+                await self._catch_up()
+            except _STORE_ERRORS:
+                return False
         self._succeeded()
         return True
 
@@ -265,7 +311,12 @@ class RedisLimitsStore:
 
     async def aclose(self, timeout_s: float = 5.0) -> int:
         # Slots still held stop being renewed: they expire with their leases.
+        self._closing = True
         await self._leases.aclose()
+        catching_up, self._catch_up_task = self._catch_up_task, None
+        if catching_up is not None:
+            catching_up.cancel()
+            await asyncio.gather(catching_up, return_exceptions=True)
         prober, self._prober = self._prober, None
         if prober is not None:
             prober.cancel()
@@ -302,6 +353,14 @@ class RedisLimitsStore:
         want = charges(limits, tokens, concurrent=concurrent)
         if limits.unlimited:
             return Hold(tenant, limits)
+        if self._renew_due:
+            # After an outage this replica's slots come back before it admits more.
+            try:
+                await self._catch_up()
+            except _STORE_ERRORS as exc:
+                if self._on_error == "open":
+                    return Hold(tenant, limits, checked=False)
+                raise GatewayError("limits_unavailable") from exc
         keys = self.keys(tenant)
         # A hold with token limits is registered (even with 0 tokens: a settlement
         # may still charge real usage); an entry nobody settles is pruned after its lease.
@@ -415,6 +474,25 @@ class RedisLimitsStore:
         async with self._writes:  # after any renewal naming the same slots
             await self._pipelined("settle", self._settle, calls)
 
+    async def _catch_up(self) -> None:
+        """Renew every held slot now, after a failure; once for all who wait.
+        Raises the store's error (counted as a ``renew`` failure)."""
+        async with self._catching_up:
+            if not self._renew_due:
+                return  # another waiter's catch-up did it
+            failures = self._failures
+            try:
+                await self._leases.renew_now()
+            except _STORE_ERRORS as exc:
+                self._failed("renew", exc)
+                raise
+            if self._failures == failures:
+                self._renew_due = False
+
+    async def _catch_up_quietly(self) -> None:
+        with contextlib.suppress(*_STORE_ERRORS):  # counted by _catch_up; retried
+            await self._catch_up()
+
     async def _renew_all(self, batch: list[tuple[TenantKeys, list[str]]]) -> None:
         """One round trip renewing every slot held (``leases`` calls it, under the lock)."""
         calls = [(1, keys.slots, self._slot_lease_ms, *slots) for keys, slots in batch]
@@ -483,6 +561,12 @@ class RedisLimitsStore:
 
     def _failed(self, op: str, exc: BaseException) -> None:
         self._metrics.limits_store_error(op)
+        now = self._clock()
+        if self._failing_since is None:
+            self._failing_since = now
+        self._last_failure = now
+        self._failures += 1
+        self._renew_due = True
         if self._healthy:
             self._healthy = False
             log.warning(
@@ -493,6 +577,13 @@ class RedisLimitsStore:
             )
 
     def _succeeded(self) -> None:
+        self._failing_since = None
         if not self._healthy:
             self._healthy = True
             log.warning("limits store available again")
+        task = self._catch_up_task
+        if self._renew_due and not self._closing and (task is None or task.done()):
+            # A settlement or a renewal got through: the held slots come back now.
+            self._catch_up_task = asyncio.create_task(
+                self._catch_up_quietly(), name="limits-catch-up"
+            )

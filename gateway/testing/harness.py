@@ -95,7 +95,17 @@ def write_config(
 
 def read_receipts(path: Path) -> list[dict[str, Any]]:
     """The whole receipt lines written so far (a line being appended right now,
-    not yet ended by its newline, is left for the next read)."""
+    not yet ended by its newline, is left for the next read); the write-ahead
+    ``open`` lines of the chain (spec §24) are not receipts: :func:`read_open_lines`."""
+    return [line for line in _audit_lines(path) if line.get("kind") != "open"]
+
+
+def read_open_lines(path: Path) -> list[dict[str, Any]]:
+    """The ``open`` lines written at admission (spec §24), in file order."""
+    return [line for line in _audit_lines(path) if line.get("kind") == "open"]
+
+
+def _audit_lines(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     whole = path.read_bytes().split(b"\n")[:-1]

@@ -7,7 +7,6 @@ import json
 import os
 import sys
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from gateway.config.loader import ConfigError, Loaded, load_all, load_config
 
@@ -24,7 +23,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from gateway.observe.logs import setup_logging
     from gateway.tools.preflight import load_checked
 
-    checked = load_checked(Path(args.config), os.environ)
+    checked = load_checked(Path(args.config), os.environ, serving=True)
     if checked.loaded is None:
         # One line per problem, naming its config key: nothing is served half-configured.
         for line in checked.errors:
@@ -41,6 +40,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from gateway.tools.fleet_summary import fleet_summary
     from gateway.tools.preflight import load_checked
     from gateway.upstream.table import capacities
 
@@ -66,9 +66,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(
         f"admission: capacity {config.admission.capacity}, max_queue {config.admission.max_queue}"
     )
-    store = config.limits_store
-    where = "" if store.backend == "memory" else f" {urlsplit(store.url).hostname}"
-    print(f"limits_store: {store.backend}{where} on_error={store.on_error}")
+    for line in fleet_summary(config):
+        print(line)
     for name, tenant in sorted(loaded.policies.tenants.items()):
         lim = tenant.limits
         models = ", ".join(sorted(tenant.policy.models)) or "(none)"
@@ -242,8 +241,16 @@ def cmd_policies_generator(args: argparse.Namespace) -> int:
 def cmd_receipts(args: argparse.Namespace) -> int:
     from gateway.tools import receipts_cli
 
-    run = receipts_cli.verify if args.receipts_verb == "verify" else receipts_cli.merge
-    return run(args.paths)
+    if args.receipts_verb == "merge":
+        return receipts_cli.merge(args.paths)
+    if args.anchors and args.config is None:
+        print("error: --anchors needs --config (the state store they are in)", file=sys.stderr)
+        return 2
+    return receipts_cli.verify(
+        args.paths,
+        allow_unfinished=args.allow_unfinished,
+        config=args.config if args.anchors else None,
+    )
 
 
 def cmd_release(args: argparse.Namespace) -> int:
@@ -342,13 +349,30 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser("receipts", help="check or merge the audit files of a fleet")
     rc = p.add_subparsers(dest="receipts_verb", required=True)
     for name, about in (
-        ("verify", "report gaps, forks and torn lines in every replica's chain (exit 1 if any)"),
+        (
+            "verify",
+            "report gaps, forks, torn lines, unfinished requests and (--anchors) truncated "
+            "chains in every replica's chain (exit 1 if any)",
+        ),
         ("merge", "print every receipt line in one stream, by created, replica and seq"),
     ):
         q = rc.add_parser(name, help=about, description=about)
         q.add_argument(
             "paths", nargs="+", metavar="DIR", help="audit directories (or files) to read"
         )
+        if name == "verify":
+            q.add_argument(
+                "--allow-unfinished",
+                action="store_true",
+                help="open lines without a receipt (requests in flight) are printed, not findings",
+            )
+            q.add_argument(
+                "--anchors",
+                action="store_true",
+                help="hold each chain against the anchor its replica recorded in the state "
+                "store (needs --config): a chain ending before it is truncated",
+            )
+            q.add_argument("--config", help="the gateway.yaml whose state store holds the anchors")
         q.set_defaults(func=cmd_receipts)
 
     p = verbs.add_parser(

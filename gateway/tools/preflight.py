@@ -24,6 +24,11 @@ Theory of operation:
   policies' ``api_keys`` are warnings: well-formed, so never fatal.
 * Agents (``preflight_agents.py``): the session key when a route has
   agents, and each route's MCP client config.
+* One writer per audit file (spec §13, §24): an audit path whose lock a
+  running gateway holds is an error for ``serve`` naming ``audit.path`` (it
+  would be refused at start), and a warning for ``check`` (run beside the
+  running gateway, as the deploy guide does, it is that gateway's own lock).
+  The lock is only tried, never created.
 * A pinned worker that keeps a prefix cache (``launch.prefix_cache_n`` > 0)
   for a route more than one tenant's policy names is a warning (spec §21):
   a prefix another tenant sent shortens the time to first token, so a
@@ -34,6 +39,8 @@ Theory of operation:
 from __future__ import annotations
 
 import datetime
+import errno
+import fcntl
 import os
 import ssl
 from collections.abc import Iterator, Mapping
@@ -46,6 +53,7 @@ from cryptography.hazmat.primitives import serialization
 from pydantic import BaseModel
 
 from gateway.auth.keys import KeyFetchError, check_jwks_url, hs256_secret, parse_jwks
+from gateway.books.audit_file import lock_path
 from gateway.config import GatewayConfig, IssuerConfig, LaunchConfig, TLSConfig
 from gateway.config.loader import (
     POLICY_SUFFIXES,
@@ -69,8 +77,11 @@ from gateway.tools.preflight_agents import check_agents
 MAX_PEM_BYTES = 4 * 1024 * 1024
 
 
-def preflight(config: GatewayConfig, env: Mapping[str, str]) -> list[Finding]:
-    """Every file and secret the gateway config names, checked; in config order."""
+def preflight(
+    config: GatewayConfig, env: Mapping[str, str], *, serving: bool = False
+) -> list[Finding]:
+    """Every file and secret the gateway config names, checked; in config order.
+    ``serving``: for ``serve``, which would be a second writer on a held audit path."""
     findings: list[Finding] = []
     if config.listen.tls is not None:
         findings += check_tls(config.listen.tls)
@@ -80,6 +91,7 @@ def preflight(config: GatewayConfig, env: Mapping[str, str]) -> list[Finding]:
     findings += check_writable_dir("staging.dir", config.staging.dir)
     findings += check_writable_file("staging.catalog", config.staging.catalog)
     findings += check_writable_file("audit.path", config.audit.path)
+    findings += check_audit_writer(config.audit.path, serving=serving)
     try:
         store_password(config, env)
     except ConfigError:
@@ -273,6 +285,42 @@ def check_writable_file(key: str, path: Path) -> list[Finding]:
     return [_error(key, f"its folder {p.problem}", path) for p in problems]
 
 
+def audit_path_held(path: Path) -> bool:
+    """Whether a running gateway holds the audit file's lock (tried, never created)."""
+    try:
+        fd = os.open(lock_path(path), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False  # no lock file: no writer yet (what is wrong with the path is said above)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+    finally:
+        os.close(fd)  # and with it the lock just taken
+    return False
+
+
+def check_audit_writer(path: Path, *, serving: bool) -> list[Finding]:
+    """A second writer on an audit path, named by the key it conflicts on (no path:
+    spec §13's messages name none, and the key says which file)."""
+    if not audit_path_held(path):
+        return []
+    if serving:
+        return [
+            _error(
+                "audit.path",
+                "held by another gateway process: one writer per audit file "
+                "(give each replica its own audit.path)",
+            )
+        ]
+    return [
+        _warning(
+            "audit.path",
+            "held by a running gateway process: a second `serve` with this config is refused",
+        )
+    ]
+
+
 # ------------------------------------------------------------------- digests
 
 
@@ -370,13 +418,14 @@ class Checked:
     warnings: list[str]
 
 
-def load_checked(path: Path, env: Mapping[str, str]) -> Checked:
+def load_checked(path: Path, env: Mapping[str, str], *, serving: bool = False) -> Checked:
     """Config (ConfigError when it is itself invalid), then its files, then every policy.
 
     Every error of the files and the policies is collected, so one run lists them all.
+    ``serving``: checked for ``serve`` (see :func:`check_audit_writer`).
     """
     config = load_config_with_policy_errors(path)
-    findings = preflight(config, env)
+    findings = preflight(config, env, serving=serving)
     errors = [str(f) for f in errors_of(findings)]
     warnings = [*config_warnings(config), *(str(f) for f in findings if f.level == "warning")]
     policies = None

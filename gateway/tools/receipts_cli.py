@@ -6,7 +6,12 @@ read whatever its name. The chain checks are gateway/books/receipt_chain.py.
 
 - ``verify`` prints one line per finding, then a summary; exit 0 when every
   chain is whole, 1 when anything was found, 2 when a PATH could not be read
-  or holds no audit file.
+  or holds no audit file. An ``open`` line (write-ahead, spec §24) no
+  receipt names is ``unfinished``: a finding, unless ``--allow-unfinished``
+  (a live file's requests in flight), which still prints them. With
+  ``--anchors --config F`` each replica's chain is held against the anchor
+  it recorded in the state store F names: a chain ending before it is
+  ``truncated`` (exit 2 when the store cannot be read).
 - ``merge`` prints every receipt line, its original bytes, ordered by
   ``created``, then replica, then seq; byte-identical copies once, torn lines
   left out (counted on stderr: ``verify`` names them). Exit 0, or 2 as above.
@@ -17,14 +22,19 @@ the line): ``merge`` reads the lines back by offset.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
-from gateway.books.receipt_chain import Entry, Finding, check, read_line
+from gateway.books.receipt_chain import Anchor, Entry, Finding, check, read_line
+
+if TYPE_CHECKING:
+    from gateway.config import GatewayConfig
 
 __all__ = ["merge", "verify"]
 
@@ -97,29 +107,65 @@ def _read(paths: list[str]) -> _Read | None:
         return None
 
 
-def verify(paths: list[str]) -> int:
+def verify(paths: list[str], *, allow_unfinished: bool = False, config: str | None = None) -> int:
+    """``config``: hold the chains against the anchors in its state store."""
+    anchors = None
+    if config is not None:
+        anchors = _anchors(config)
+        if anchors is None:
+            return 2
     read = _read(paths)
     if read is None:
         return 2
-    report = check(read.entries, [str(f) for f in read.files])
+    report = check(read.entries, [str(f) for f in read.files], anchors)
     findings = read.findings + report.findings
     for finding in findings:
         print(finding.text)
     notes = [
         f"{n} {what}"
         for n, what in (
+            (report.opens, "open lines (write-ahead)"),
             (report.partial, "chains start past seq 1 (older files not given or rotated away)"),
             (report.unchained, "receipts without a chain (written before receipts had one)"),
             (report.copies, "identical copies counted once"),
+            (report.anchored_absent, "anchored replicas with no line in the files given"),
         )
         if n
     ]
+    if anchors is not None:
+        notes.append(f"held against {len(anchors)} anchors")
     print(
         f"receipts verify: {len(read.files)} files, {report.replicas} replicas, "
         f"{report.receipts} receipts, {len(findings)} findings"
         + "".join(f"; {note}" for note in notes)
     )
-    return 1 if findings else 0
+    failing = [f for f in findings if not (allow_unfinished and f.kind == "unfinished")]
+    return 1 if failing else 0
+
+
+def _anchors(config_path: str) -> dict[str, Anchor] | None:
+    """The anchors in the state store the config names; None (said on stderr) when
+    the config or the store cannot be read. Never prints the DSN."""
+    # Imported here: merge and a verify without anchors need no config nor driver.
+    from gateway.books.state.factory import open_state
+    from gateway.config.loader import ConfigError, load_config
+    from gateway.core.errors import GatewayError
+
+    async def read(config: GatewayConfig) -> dict[str, Anchor]:
+        state = open_state(config, os.environ)
+        try:
+            return await state.anchors.anchors()
+        finally:
+            await state.close()
+
+    try:
+        return asyncio.run(read(load_config(Path(config_path))))
+    except ConfigError as exc:
+        for line in exc.errors:
+            print(f"error: {line}", file=sys.stderr)
+    except GatewayError as exc:
+        print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
+    return None
 
 
 def merge(paths: list[str]) -> int:

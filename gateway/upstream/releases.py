@@ -14,14 +14,19 @@ Theory of operation:
   ``window_s``, else :data:`DEFAULT_WINDOW_S`, so ``release status`` has
   figures without a gate too). :meth:`Releases.record` is O(1); requests the
   worker never saw (refused before sending) are not recorded there.
+- The gate is judged on every finished request of its release once each arm
+  has ``min_requests`` in the window (:meth:`Releases.record`, spec §24: on
+  a one-second timer, 12 of 12 failing canary requests passed a
+  ``min_requests: 5`` gate before it tripped), and again by each sync as
+  the window moves. A gate that fails takes effect at once (effective 0, one
+  warning line with the figures, ``gateway_release_rollbacks_total``) and
+  wakes the sync, which saves it with ``store.decide``.
 - :meth:`Releases.sync` runs every :data:`SYNC_S` (:meth:`Releases.start`):
-  it judges each gate on the window figures (never on the request path), saves
-  a rollback it decided, reads the standing decisions, publishes this
-  replica's figures and sets ``gateway_release_canary_percent``. A gate that
-  fails takes effect here at once (effective 0, one warning line with the
-  figures, ``gateway_release_rollbacks_total``), then is saved with
-  ``store.decide``; a store that is down keeps the last known decisions, is
-  logged once per episode, and the save is retried on the next sync.
+  it judges each gate, saves a rollback decided since, reads the standing
+  decisions, publishes this replica's figures and sets
+  ``gateway_release_canary_percent``; a store that is down keeps the last
+  known decisions, is logged once per episode, and the save is retried on
+  the next sync.
 - A decision that leaves ``rolled_back`` (an operator's ``clear`` or ``set``)
   starts both windows afresh: the failures that tripped the gate must not trip
   it again at once.
@@ -177,6 +182,8 @@ class Releases:
         self._sync_s = sync_s
         self._entries: dict[str, Release] = {}
         self._task: asyncio.Task[None] | None = None
+        #: set by a gate's rollback on the request path: the sync saves it now
+        self._wake = asyncio.Event()
         #: the store failed on the last sync (logged once per episode)
         self._store_down = False
         self.configure(configs)
@@ -202,10 +209,20 @@ class Releases:
         return self._entries[release].percent
 
     def record(self, release: str, arm: str, failed: bool, ttft_s: float | None) -> None:
-        """One request that reached an arm's worker, into that arm's window. O(1)."""
+        """One request that reached an arm's worker, into that arm's window, and
+        the gate judged on it at once (spec §24): O(buckets + bins)."""
         entry = self._entries.get(release)
-        if entry is not None:  # a release a reload removed: its window went with it
-            entry.windows[arm].record(self._clock(), failed, ttft_s)
+        if entry is None:  # a release a reload removed: its window went with it
+            return
+        now = self._clock()
+        entry.windows[arm].record(now, failed, ttft_s)
+        rule = entry.rule
+        if rule is None or entry.state == "rolled_back":
+            return
+        windows = entry.windows
+        if min(w.requests(now) for w in windows.values()) < rule.min_requests:
+            return  # no verdict yet: the cheap count says so
+        self._judge(entry, {side: window.figures(now) for side, window in windows.items()})
 
     def settled(
         self,
@@ -287,6 +304,8 @@ class Releases:
         if self._metrics is not None:
             self._metrics.child(self._metrics.release_rollbacks, entry.name).inc()
         self._show_percent(entry)
+        # Saved by a sync now, not at the next tick: the fleet follows sooner.
+        self._wake.set()
 
     async def _talk(
         self,
@@ -344,7 +363,10 @@ class Releases:
                 await self.sync()
             except Exception:
                 log.exception("releases: a sync failed")
-            await asyncio.sleep(self._sync_s)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._sync_s):
+                    await self._wake.wait()
+            self._wake.clear()
 
     def start(self) -> None:
         if self._task is None:

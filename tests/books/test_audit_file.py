@@ -26,7 +26,7 @@ async def test_a_second_writer_on_the_path_is_refused(tmp_path: Path) -> None:
     second = ReceiptWriter(path, replica="gw-b")
     with pytest.raises(AuditFileHeld) as refused:
         await second.start()
-    assert str(refused.value) == "the audit file is held by another gateway process"
+    assert str(refused.value) == "audit.path: the audit file is held by another gateway process"
     assert str(tmp_path) not in str(refused.value)
     first.write(_receipt(1))
     await first.aclose(5)
@@ -65,7 +65,7 @@ async def test_a_writer_in_another_process_is_refused_too(tmp_path: Path) -> Non
     await writer.aclose(5)
     assert (done.returncode, done.stdout) == (
         3,
-        b"the audit file is held by another gateway process\n",
+        b"audit.path: the audit file is held by another gateway process\n",
     )
     assert lock_path(path).exists()
 

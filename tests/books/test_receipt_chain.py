@@ -10,6 +10,7 @@ from pathlib import Path
 import orjson
 
 from gateway.books.receipt_chain import (
+    Anchor,
     ChainHead,
     Entry,
     Report,
@@ -243,3 +244,76 @@ def test_last_receipt_of_a_tail() -> None:
     # A window's first piece may be the end of a longer line: never taken.
     assert last_receipt(b'{"a":1}\n{"a', whole=False) is None
     assert last_receipt(b"", whole=True) is None
+
+
+# -- write-ahead and anchors (spec §24) ---------------------------------------------
+
+
+async def _admitted(path: Path, replica: str, finished: range, running: range) -> list[bytes]:
+    """Requests ``finished`` (open line, then receipt) and ``running`` (open line
+    only, as a replica killed mid-request leaves them), through a real writer."""
+    writer = ReceiptWriter(path, replica=replica)
+    await writer.start()
+    for n in running:
+        writer.open(_receipt(n))
+    for n in finished:
+        receipt = _receipt(n)
+        writer.open(receipt)
+        writer.write(receipt)
+    assert await writer.flush(5) == 0
+    await writer.aclose(5)
+    return _lines(path)
+
+
+async def test_open_lines_are_links_and_unclosed_ones_are_unfinished(tmp_path: Path) -> None:
+    lines = await _admitted(tmp_path / "receipts.jsonl", "gw-a", range(3), range(10, 12))
+    _assert_one_chain(lines, "gw-a")
+    report = _report(lines)
+    assert (report.receipts, report.opens, report.unfinished) == (3, 5, 2)
+    assert [f.kind for f in report.findings] == ["unfinished", "unfinished"]
+    assert _texts(report) == [
+        "unfinished: replica gw-a seq 1 (f line 1): request req-10 was admitted and has no receipt",
+        "unfinished: replica gw-a seq 2 (f line 2): request req-11 was admitted and has no receipt",
+    ]
+    finished = await _admitted(tmp_path / "whole.jsonl", "gw-b", range(3), range(0))
+    assert _texts(_report(finished)) == []
+
+
+def _anchored(lines: list[bytes], anchors: dict[str, Anchor]) -> Report:
+    entries = []
+    for number, line in enumerate(lines, 1):
+        entry, _ = read_line(0, number, 0, line + b"\n", f"f line {number}")
+        assert entry is not None
+        entries.append(entry)
+    return check(entries, ["f"], anchors)
+
+
+async def test_a_chain_shorter_than_its_anchor_is_truncated(tmp_path: Path) -> None:
+    """Deleting the newest lines leaves a whole chain (links cannot show it):
+    only the anchor can."""
+    lines = await _admitted(tmp_path / "receipts.jsonl", "gw-a", range(4), range(0))
+    head = Anchor("gw-a", 8, line_sha256(lines[-1]), 1_800_000_000.0)
+    assert _texts(_anchored(lines, {"gw-a": head})) == []
+    cut = lines[:-2]  # the newest request's open line and receipt
+    assert _texts(_report(cut)) == [], "without the anchor the shorter chain looks whole"
+    (finding,) = _anchored(cut, {"gw-a": head}).findings
+    assert finding.kind == "truncated"
+    assert finding.text == (
+        "truncated: replica gw-a: the newest line here is seq 6, but the replica anchored "
+        "seq 8 at 2027-01-15T08:00:00Z: 2 lines are gone from its end"
+    )
+    # A line at the anchored seq that is not the anchored one: changed or replaced.
+    other = Anchor("gw-a", 8, "0" * 64, 1_800_000_000.0)
+    (changed,) = _anchored(lines, {"gw-a": other}).findings
+    assert changed.kind == "gap" and "not the line its anchor names" in changed.text
+    # An older anchor (the chain went on since) is no finding.
+    older = Anchor("gw-a", 2, line_sha256(lines[1]), 1_700_000_000.0)
+    assert _texts(_anchored(lines, {"gw-a": older})) == []
+
+
+async def test_an_anchored_replica_absent_from_the_files_is_counted_not_found(
+    tmp_path: Path,
+) -> None:
+    lines = await _admitted(tmp_path / "receipts.jsonl", "gw-a", range(2), range(0))
+    report = _anchored(lines, {"gw-z": Anchor("gw-z", 9, "0" * 64, 1.0)})
+    assert (report.findings, report.anchored_absent) == ([], 1)

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
+import time
 from pathlib import Path
 
 import orjson
 
-from gateway.books.receipts import MAX_SUBJECT_CHARS, Receipt, ReceiptWriter, Usage, receipt_line
+from gateway.books.receipts import (
+    MAX_SUBJECT_CHARS,
+    OPEN_DUE_S,
+    Receipt,
+    ReceiptWriter,
+    Usage,
+    receipt_line,
+)
 from tests.support.poll import eventually_async
 from tests.support.receipts import make_receipt
 from tests.support.tmpfs import fill, free, small_fs
@@ -315,3 +324,94 @@ async def test_flush_waits_for_what_was_queued_not_for_a_quiet_queue(tmp_path: P
     stop.set()
     await running
     await writer.aclose()
+
+
+# -- write-ahead (spec §24) ---------------------------------------------------------
+
+
+async def test_an_open_line_is_chained_and_rides_its_receipts_batch(tmp_path: Path) -> None:
+    """The open line at admission is a link of the chain, and the receipt names
+    its seq; written in the receipt's batch, it adds no fsync of its own."""
+    path = tmp_path / "receipts.jsonl"
+    writer = ReceiptWriter(path, replica="gw-a", linger_s=0.05)
+    await writer.start()
+    receipt = _receipt(1)
+    writer.open(receipt)
+    assert receipt.open_seq == 1
+    writer.write(receipt)
+    assert await writer.flush(5) == 0
+    assert writer.batches == 1, "the open line rode the receipt's batch"
+    await writer.aclose(5)
+    first, second = path.read_bytes().splitlines()
+    opened = orjson.loads(first)
+    assert list(opened) == [
+        "kind",
+        "request_id",
+        "replica",
+        "seq",
+        "prev_sha256",
+        "tenant",
+        "endpoint",
+        "created",
+    ]
+    assert (opened["kind"], opened["request_id"], opened["replica"], opened["seq"]) == (
+        "open",
+        "req-1",
+        "gw-a",
+        1,
+    )
+    assert (opened["tenant"], opened["endpoint"]) == ("acme", "chat.completions")
+    closed = orjson.loads(second)
+    assert (closed["open_seq"], closed["seq"]) == (1, 2)
+    assert closed["prev_sha256"] == hashlib.sha256(first).hexdigest()
+    assert writer.durable == (2, hashlib.sha256(second).hexdigest())
+
+
+async def test_an_open_line_alone_is_written_once_it_is_due(tmp_path: Path) -> None:
+    """A long request and nothing else ending: its open line does not wait for a
+    receipt forever (a SIGKILL must find it on disk), only OPEN_DUE_S."""
+    path = tmp_path / "receipts.jsonl"
+    writer = ReceiptWriter(path, linger_s=0.01)
+    await writer.start()
+    started = time.monotonic()
+    writer.open(_receipt(1))
+    await eventually_async(lambda: path.exists() and path.read_bytes().count(b"\n") == 1, "due")
+    assert time.monotonic() - started >= OPEN_DUE_S * 0.9
+    assert writer.batches == 1 and writer.durable is not None and writer.durable[0] == 1
+    await writer.aclose(5)
+
+
+async def test_open_lines_of_a_steady_stream_add_no_batches(tmp_path: Path) -> None:
+    """Requests shorter than OPEN_DUE_S one after another (the bench's C=1): open
+    and receipt lines share the receipts' batches, so an open line costs no fsync."""
+    path = tmp_path / "receipts.jsonl"
+    with_opens, without = (
+        ReceiptWriter(path.with_name(name), linger_s=0.02) for name in ("a.jsonl", "b.jsonl")
+    )
+    for writer, opens in ((with_opens, True), (without, False)):
+        await writer.start()
+        for n in range(30):
+            receipt = _receipt(n)
+            if opens:
+                writer.open(receipt)
+            await asyncio.sleep(0.005)  # the request runs
+            writer.write(receipt)
+        assert await writer.flush(5) == 0
+        await writer.aclose(5)
+    assert with_opens.written == 60 and without.written == 30
+    assert with_opens.batches <= without.batches + 1, (with_opens.batches, without.batches)
+
+
+async def test_the_durable_head_goes_on_after_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "receipts.jsonl"
+    writer = ReceiptWriter(path, replica="gw-a")
+    await writer.start()
+    assert writer.durable is None
+    for n in range(3):
+        writer.write(_receipt(n))
+    await writer.aclose(5)
+    last = path.read_bytes().splitlines()[-1]
+    again = ReceiptWriter(path, replica="gw-a")
+    await again.start()
+    assert again.durable == (3, hashlib.sha256(last).hexdigest())
+    await again.aclose(5)

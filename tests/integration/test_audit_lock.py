@@ -1,10 +1,9 @@
-"""Two real gateways cannot share one audit path (spec §13, §17): the second
-refuses to start with one line, the first's receipts stay one chain, and a
-killed holder's lock goes with its process."""
+"""Two real gateways cannot share one audit path (spec §13, §17, §24): the
+second refuses to start with one line naming ``audit.path``, the first's
+receipts stay one chain, and a killed holder's lock goes with its process."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -19,7 +18,10 @@ from tests.support.jwt import HS_SECRET
 from tests.support.process import REPO, START_TIMEOUT_S, Served, serve, sim_running, wait_ready
 from tests.support.stack import chat_body, issuers, policies
 
-_HELD = "the audit file is held by another gateway process"
+_HELD = (
+    "held by another gateway process: one writer per audit file "
+    "(give each replica its own audit.path)"
+)
 
 
 def _one_receipt(served: Served, audit: Path) -> dict[str, object]:
@@ -49,7 +51,8 @@ def test_a_second_gateway_on_one_audit_path_refuses_to_start(
         )
         with serve(first, first.parent) as served:
             receipt = _one_receipt(served, audit)
-            assert (receipt["replica"], receipt["seq"], receipt["prev_sha256"]) == ("gw-a", 1, None)
+            # Its open line (write-ahead, spec §24) is seq 1, the receipt names it.
+            assert (receipt["replica"], receipt["seq"], receipt["open_seq"]) == ("gw-a", 2, 1)
             env = {**os.environ, DEMO_SECRET_ENV: HS_SECRET}
             env.pop("GATEWAY_LOG_LEVEL", None)
             argv = ["-m", "gateway.tools.cli", "serve", "--config", str(second), "--port", "0"]
@@ -61,18 +64,22 @@ def test_a_second_gateway_on_one_audit_path_refuses_to_start(
                 timeout=START_TIMEOUT_S,
                 check=False,
             )
-            assert refused.returncode != 0
+            assert refused.returncode == 1
             assert refused.stdout == b"", "it never listened"
             stderr = refused.stderr.decode()
-            said = [json.loads(line)["msg"] for line in stderr.splitlines() if _HELD in line]
-            assert said == [f"receipts: {_HELD}"], stderr
+            # Refused before it starts, naming the config key it conflicts on (spec §24).
+            assert stderr.splitlines() == [f"error: audit.path: {_HELD}"], stderr
             assert "Traceback" not in stderr and str(tmp_path) not in stderr
-            assert _one_receipt(served, audit)["seq"] == 2, "the first one serves on"
+            assert _one_receipt(served, audit)["seq"] == 4, "the first one serves on"
         # Killed (not drained): its lock went with the process.
         with serve(second, second.parent) as served:
             receipt = _one_receipt(served, audit)
-            assert (receipt["replica"], receipt["seq"]) == ("gw-b", 1)
+            assert (receipt["replica"], receipt["seq"]) == ("gw-b", 2)
             served.terminate()
     capsys.readouterr()
     assert main(["receipts", "verify", str(audit.parent)]) == 0
-    assert capsys.readouterr().out.strip().endswith("2 replicas, 3 receipts, 0 findings")
+    assert (
+        capsys.readouterr()
+        .out.strip()
+        .endswith("2 replicas, 3 receipts, 0 findings; 3 open lines (write-ahead)")
+    )

@@ -188,6 +188,20 @@ def test_expired_records_are_forgotten_but_a_leased_file_stays(tmp_path: Path) -
         assert no_leases(stack)
 
 
+def test_the_periodic_sweep_removes_a_staged_file_no_record_names(tmp_path: Path) -> None:
+    """Not only at start (spec §24): a file renamed into place whose record an
+    outage lost goes at the next sweep; a file a record names stays."""
+    staging = {**STAGING, "expiry_sweep_s": 0.2}
+    with running_stack(tmp_path, staging=staging) as stack:
+        kept = staged(stack, PNG, "image/png")
+        orphan = Path(stack.runtime.config.staging.dir) / f"{sha(WAV)}.wav"
+        orphan.write_bytes(WAV)
+        assert eventually(lambda: not orphan.exists(), 10)
+        assert files_in(stack) == {f"{kept['sha256']}.png"}
+        with stack.client() as client:
+            assert client.get(f"/v1/evidence/{kept['id']}").status_code == 200
+
+
 # -- deletes on a full volume ---------------------------------------------------------
 
 

@@ -276,3 +276,71 @@ async def test_a_postgres_outage_is_state_unavailable_for_what_needs_state_only(
 async def _uploads(client: httpx.AsyncClient) -> bool:
     answer = await client.post("/v1/evidence", content=WAV, headers={"content-type": "audio/wav"})
     return answer.status_code in (200, 201)
+
+
+def _responses_posts(f: Fleet) -> int:
+    return sum(1 for sim in f.sims for r in sim.requests() if r.path == "/v1/responses")
+
+
+async def test_while_the_store_is_known_down_what_needs_it_is_refused_before_the_worker(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    own_postgres: PostgresServer,
+    shared_redis: RedisServer,
+) -> None:
+    """Spec §24: once a state call failed (``/readyz`` degraded), a streamed
+    Responses request that would be kept is 503 ``state_unavailable`` before
+    the worker sees it (once it ran there, then ended with
+    ``response.completed`` and an error event); so are a kept non-streamed
+    one, a follow-up and a chat naming evidence. What needs no state is served,
+    and the probe ends the refusals when the store is back, without a request."""
+    state = {"timeout_ms": 500}
+    async with (
+        fleet(
+            tmp_path, monkeypatch, own_postgres.dsn, shared_redis, TENANTS, count=1, state=state
+        ) as f,
+        f.direct(0) as client,
+    ):
+        kept = await _upload(client, PNG, "image/png")
+        first = await client.post("/v1/responses", json={"model": ALIAS, "input": "one"})
+        assert first.status_code == 200
+        own_postgres.pause()
+        try:
+            known = await client.get("/v1/evidence")  # a state call fails: known down
+            assert known.json()["error"]["code"] == "state_unavailable"
+            ready = await client.get("/readyz")
+            assert ready.status_code == 200
+            assert ready.json()["degraded"] == ["state_unavailable"]
+            before = _responses_posts(f)
+            refused = [
+                await client.post("/v1/responses", json=body)
+                for body in (
+                    {"model": ALIAS, "input": "kept", "stream": True},
+                    {"model": ALIAS, "input": "kept"},
+                    {"model": ALIAS, "input": "next", "previous_response_id": first.json()["id"]},
+                )
+            ]
+            refused.append(await client.post("/v1/chat/completions", json=_chat(kept["id"])))
+            assert _responses_posts(f) == before, "a request that needs state reached the worker"
+            unkept = await client.post(
+                "/v1/responses",
+                json={"model": ALIAS, "input": "unkept", "stream": True, "store": False},
+            )
+            assert unkept.status_code == 200 and "response.completed" in unkept.text
+            assert _responses_posts(f) == before + 1
+        finally:
+            own_postgres.resume()
+
+        async def not_degraded() -> bool:
+            return "degraded" not in (await client.get("/readyz")).json()
+
+        await until(not_degraded, "the probe saw the store answer", 15)
+        again = await client.post(
+            "/v1/responses", json={"model": ALIAS, "input": "kept", "stream": True}
+        )
+    for answer in refused:
+        assert answer.status_code == 503, answer.text
+        assert answer.headers["content-type"].startswith("application/json")
+        assert answer.json()["error"]["code"] == "state_unavailable"
+    assert again.status_code == 200
+    assert "response.completed" in again.text and "event: error" not in again.text

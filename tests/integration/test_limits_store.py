@@ -46,7 +46,7 @@ def _readyz(stack: Stack) -> tuple[int, dict[str, object]]:
 def test_an_unreachable_store_is_503_without_touching_the_worker(
     tmp_path: Path, own_redis: RedisServer
 ) -> None:
-    store = {"backend": "redis", "url": own_redis.url, "timeout_ms": 200}
+    store = {"backend": "redis", "url": own_redis.url, "timeout_ms": 200, "unready_after_s": 0.5}
     with running_stack(tmp_path, limits_store=store) as stack:
         assert _readyz(stack) == (200, {"status": "ready", "draining": False})
         assert stack.metric("gateway_limits_store_healthy") == 1
@@ -94,3 +94,25 @@ def test_under_open_an_unreachable_store_stays_ready_and_serves(
         with stack.client() as client:
             checked = client.post("/v1/chat/completions", json=chat_body(max_tokens=5))
         assert checked.headers["x-ratelimit-limit-requests"] == "6000"
+
+
+def test_one_slow_answer_is_that_requests_503_never_the_replicas_readiness(
+    tmp_path: Path, own_redis: RedisServer
+) -> None:
+    """Spec §24: with ``on_error: closed``, a store slower than ``timeout_ms`` for
+    a moment refuses the request it delays, while ``/readyz`` stays 200 (it
+    flipped to 503 on every replica at once, pulling the fleet out together)."""
+    store = {"backend": "redis", "url": own_redis.url, "timeout_ms": 50}
+    with running_stack(tmp_path, limits_store=store) as stack:
+        with own_redis.client() as client:
+            client.execute_command("CLIENT", "PAUSE", 600, "ALL")
+        with stack.client() as client:
+            response = client.post("/v1/chat/completions", json=chat_body(max_tokens=5))
+        polls = [_readyz(stack) for _ in range(5)]
+        assert response.status_code == 503
+        assert response.json()["error"]["code"] == "limits_unavailable"
+        assert polls == [(200, {"status": "ready", "draining": False})] * 5
+        assert stack.metric("gateway_limits_store_healthy") == 0  # the metric still says so
+        assert eventually(lambda: stack.metric("gateway_limits_store_healthy") == 1)
+        with stack.client() as client:
+            assert client.post("/v1/chat/completions", json=chat_body()).status_code == 200

@@ -65,8 +65,15 @@ def test_a_hostile_sub_lands_as_one_bounded_line_per_receipt(
 
     text = data.decode("utf-8")
     lines = text.splitlines()  # every line break Python knows, U+2028 and U+0085 too
-    assert len(lines) == text.count("\n") == 3, "one line per receipt"
-    receipts = [json.loads(line) for line in lines]
+    # One line per receipt, and one per admission (the write-ahead open lines, spec §24).
+    assert len(lines) == text.count("\n") == 6, "one line per receipt and open line"
+    chain = [json.loads(line) for line in lines]
+    receipts = [line for line in chain if line.get("kind") != "open"]
+    assert [o["request_id"] for o in chain if o.get("kind") == "open"] == [
+        "sub-plain",
+        "sub-stream",
+        "sub-ordinary",
+    ]
     assert [r["request_id"] for r in receipts] == ["sub-plain", "sub-stream", "sub-ordinary"]
     assert "forged" not in {r["request_id"] for r in receipts}
     bounded = hostile[:256].replace("\ud800", "\ufffd")

@@ -40,7 +40,7 @@ def _chat(stack: Stack, tenant: str) -> httpx.Response:
 def test_a_full_store_refuses_every_tenant_and_readyz_stays_down(
     tmp_path: Path, own_redis: RedisServer
 ) -> None:
-    store = {"backend": "redis", "url": own_redis.url, "timeout_ms": 500}
+    store = {"backend": "redis", "url": own_redis.url, "timeout_ms": 500, "unready_after_s": 0.5}
     with running_stack(tmp_path, acme=ACME, globex=GLOBEX, limits_store=store) as stack:
         for tenant in ("acme", "globex"):
             assert _chat(stack, tenant).status_code == 200

@@ -369,7 +369,8 @@ def test_a_failing_canary_is_rolled_back_by_its_gate(
         )
         lines = [r.getMessage() for r in caplog.records if "rolled back" in r.getMessage()]
         assert len(lines) == 1 and "failure_rate" in lines[0]
-        # Persisted: the store holds the decision every replica follows.
+        # Persisted by the sync it woke: the store holds the decision every replica follows.
+        assert eventually(lambda: "chat" in p.on_loop(p.rt.state.releases.overrides()), 3)
         standing = p.on_loop(p.rt.state.releases.overrides())
         assert standing["chat"].state == "rolled_back" and standing["chat"].percent == 0
         before = len(worker_posts(p.new))

@@ -468,7 +468,7 @@ async def test_a_redis_outage_mid_run_under_closed_and_open(
                 # Redis stopped refuses at once, so the bound costs no time here; a
                 # tight one would turn a slow first call after the restart (a new
                 # connection, SCRIPT LOAD) on a loaded machine into a second episode.
-                store={"timeout_ms": 2000, "on_error": mode},
+                store={"timeout_ms": 2000, "on_error": mode, "unready_after_s": 0.5},
             )[0]
             for mode in ("closed", "open")
         )

@@ -181,9 +181,15 @@ def record(
 class FakeReceipts:
     def __init__(self) -> None:
         self.written: list[Receipt] = []
+        #: request ids whose open line was queued (write-ahead, spec §24)
+        self.opened: list[str] = []
 
     def write(self, receipt: Receipt) -> None:
         self.written.append(receipt)
+
+    def open(self, receipt: Receipt) -> None:
+        self.opened.append(receipt.request_id)
+        receipt.open_seq = len(self.opened)
 
 
 class FakeLimits:

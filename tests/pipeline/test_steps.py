@@ -260,6 +260,51 @@ async def test_a_previous_response_of_another_tenant_is_not_found(rig: _Rig) -> 
     assert worker.calls == [] and routed_of(call).reservation is None
 
 
+def _responses_plan(**body: Any) -> Plan:
+    return RESPONSES.plan(
+        {"model": ALIAS, "input": "hi", "stream": True, **body}, PlanContext(make_tenant(), NONCE)
+    )
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
+        pytest.param(lambda: _responses_plan(), id="streamed-kept-response"),
+        pytest.param(lambda: _responses_plan(stream=False), id="kept-response"),
+        pytest.param(lambda: _responses_plan(store=True), id="store-true"),
+        pytest.param(lambda: _follow_up("resp_two"), id="follow-up"),
+    ],
+)
+async def test_while_the_store_is_known_down_what_needs_it_never_reaches_the_worker(
+    rig: _Rig, plan: Any
+) -> None:
+    """Spec §24: a kept Response (streamed or not) and a follow-up are refused
+    503 ``state_unavailable`` before the worker is called, with nothing sent to
+    the caller (once, a stream ran on the worker and then ended in an error
+    event after ``response.completed``)."""
+    rig.services.state.degraded = True
+    worker = rig.answer(RESPONSES_VALID)
+    call, caller = rig.call(plan())
+    with pytest.raises(GatewayError) as caught:
+        await _run_responses(call)
+    assert (caught.value.code, caught.value.status) == ("state_unavailable", 503)
+    assert worker.calls == [] and caller.messages == []
+    assert routed_of(call).reservation is None and routed_of(call).permit is None
+    assert rig.responses.kept == []
+
+
+async def test_while_the_store_is_known_down_what_needs_none_is_served(rig: _Rig) -> None:
+    rig.services.state.degraded = True
+    worker = rig.answer(RESPONSES_VALID)
+    call, caller = rig.call(_responses_plan(store=False))
+    await _run_responses(call)
+    assert len(worker.calls) == 1 and caller.starts[0]["status"] == 200
+    rig.answer(VALID)
+    chat, chatter = rig.call(chat_plan())
+    await _run(chat)
+    assert chatter.bodies[-1] == b"data: [DONE]\n\n"
+
+
 def _link(rid: str, text: str, previous: str | None = None) -> KeptResponse:
     user = {
         "id": "msg_u",

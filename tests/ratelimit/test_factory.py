@@ -30,10 +30,11 @@ def test_defaults_are_the_spec_example() -> None:
         url="redis://127.0.0.1:6379/0",
         password_env=None,
         key_prefix="mrgw:",
-        timeout_ms=50,
+        timeout_ms=250,  # spec §24 (§15's example said 50)
         on_error="closed",
         lease_renew_s=5,
         lease_ttl_s=15,
+        unready_after_s=5,
     )
 
 
@@ -140,9 +141,12 @@ async def test_the_factory_builds_the_configured_store() -> None:
     assert isinstance(redis, RedisLimitsStore)
     assert redis.keys("acme").requests == "x:{61636d65}:rpm"
     await redis.aclose(1)
-    leased = build_limits_store(config(backend="redis", lease_renew_s=2, lease_ttl_s=7), metrics)
+    leased = build_limits_store(
+        config(backend="redis", lease_renew_s=2, lease_ttl_s=7, unready_after_s=9), metrics
+    )
     assert isinstance(leased, RedisLimitsStore)
     assert (leased._slot_lease_ms, leased._leases._interval_s) == (7000, 2)
+    assert (leased._timeout_s, leased._unready_after_s) == (0.25, 9)
     await leased.aclose(1)
 
 

@@ -262,3 +262,96 @@ async def _eventually(predicate: Callable[[], bool], timeout_s: float = 5) -> bo
             return False
         await asyncio.sleep(0.01)
     return True
+
+
+async def test_one_slow_answer_fails_its_request_never_readiness(own_redis: RedisServer) -> None:
+    """Spec §24: a call past ``timeout_ms`` is that request's 503, and the store
+    stays ``ready``; only a store failing every call for ``unready_after_s`` is
+    unready (a probe every 20 ms keeps failing meanwhile), ready again at once."""
+    recorder = Recorder()
+    store = await make(
+        own_redis, recorder, timeout_s=0.05, probe_interval_s=0.02, unready_after_s=0.6
+    )
+    with paused(own_redis, 150):
+        with pytest.raises(GatewayError) as info:
+            await store.reserve("acme", LIMITS, 10)
+        assert info.value.code == "limits_unavailable"
+        assert not store.healthy and store.ready
+    assert await _eventually(lambda: store.healthy)
+    assert store.ready
+    stopped = time.monotonic()
+    own_redis.stop()
+    assert await _eventually(lambda: not store.healthy)
+    assert store.ready  # failing, not for long enough yet
+    assert await _eventually(lambda: not store.ready)
+    assert time.monotonic() - stopped >= 0.6
+    assert recorder.errors.count("probe") >= 5
+    own_redis.start()
+    assert await _eventually(lambda: store.ready and store.healthy)
+    assert await store.aclose(5) == 0
+
+
+async def test_unready_after_zero_is_unready_at_the_first_failure(own_redis: RedisServer) -> None:
+    store = await make(own_redis, Recorder(), timeout_s=0.05, unready_after_s=0)
+    with paused(own_redis, 150):
+        with pytest.raises(GatewayError):
+            await store.reserve("acme", LIMITS, 10)
+        assert not store.ready
+    assert await recovered(store)
+    assert store.ready
+    assert await store.aclose(5) == 0
+
+
+#: a slot expires 2 s after its last renewal; renewals every 1.8 s (the next one
+#: after the stall below comes 1.3 s after it ended)
+_LEASE = {"lease_ttl_s": 2.0, "lease_renew_s": 1.8, "timeout_s": 0.1}
+_TWO = TenantLimits(requests_per_minute=600, max_concurrent_requests=2)
+
+
+async def test_after_a_stall_longer_than_the_lease_held_slots_come_back_before_new_admissions(
+    own_redis: RedisServer,
+) -> None:
+    """Two requests hold the tenant's two slots; Redis stalls past their lease
+    (a renewal fails meanwhile), so on the server they expired. The first
+    reservation after the stall renews them before its own script: it is
+    refused ``concurrency_limited`` instead of taking a third slot (the fleet
+    ran 5 streams against a limit of 4 until the next renewal)."""
+    recorder = Recorder()
+    store = await make(own_redis, recorder, **_LEASE)
+    running = [await store.reserve("acme", _TWO, 1) for _ in range(2)]
+    with paused(own_redis, 2300) as until:
+        assert await _eventually(lambda: "renew" in recorder.errors, 3)
+        await asyncio.sleep(max(0.0, until - time.monotonic()) + 0.05)  # the stall's own end
+    with pytest.raises(GatewayError) as info:
+        await store.reserve("acme", _TWO, 1)
+    assert info.value.code == "concurrency_limited"
+    with own_redis.client() as client:
+        [now_s, now_us] = client.time()
+        scores = [
+            s for _, s in client.zrange(tenant_keys("mrgw:", "acme").slots, 0, -1, withscores=True)
+        ]
+    assert len(scores) == 2 and all(s > now_s * 1000 + now_us / 1000 for s in scores)
+    for hold in running:
+        store.settle(hold, 1)
+    assert await store.aclose(5) == 0
+
+
+async def test_a_replica_reports_the_store_back_only_with_its_slots_renewed(
+    own_redis: RedisServer,
+) -> None:
+    """Another replica's reservation after the stall: once this replica's probe
+    saw Redis answer, its running requests hold their slots again, so the
+    other replica is refused rather than admitted past the limit."""
+    holder = await make(own_redis, Recorder(), probe_interval_s=0.02, **_LEASE)
+    other = await make(own_redis, Recorder(), **_LEASE)
+    running = [await holder.reserve("acme", _TWO, 1) for _ in range(2)]
+    with paused(own_redis, 2300):
+        assert await _eventually(lambda: not holder.healthy, 3)
+    assert await _eventually(lambda: holder.healthy, 3)
+    with pytest.raises(GatewayError) as info:
+        await other.reserve("acme", _TWO, 1)
+    assert info.value.code == "concurrency_limited"
+    for hold in running:
+        holder.settle(hold, 1)
+    assert await holder.aclose(5) == 0
+    assert await other.aclose(5) == 0

@@ -325,6 +325,23 @@ class PostgresServer:
         self.stop()
         self.start()
 
+    def restart_immediate(self) -> None:
+        """``pg_ctl restart -m immediate``: SIGQUIT, the postmaster ends every
+        backend at once, mid-transaction or mid-COMMIT, without a checkpoint;
+        then the server starts again on the same port (crash recovery)."""
+        proc = self._proc
+        if proc is None:
+            raise RuntimeError("the server is not running")
+        if self._paused:
+            self.resume()
+        proc.send_signal(signal.SIGQUIT)  # by PID: the postmaster this object started
+        try:
+            proc.wait(_STOP_DEADLINE_S)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        self._proc = None
+        self.start()
+
     def _remove_shared_memory(self) -> None:
         """After a kill the SysV segment named in postmaster.pid outlives the directory."""
         pidfile = self.data_dir / "postmaster.pid"

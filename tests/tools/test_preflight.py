@@ -20,6 +20,9 @@ import trustme
 import yaml
 from cryptography.hazmat.primitives import serialization
 
+from gateway.books.audit_file import lock as audit_lock
+from gateway.books.audit_file import lock_path
+from gateway.books.audit_file import unlock as audit_unlock
 from gateway.config.loader import load_config
 from gateway.core.digests import EMPTY_SHA256, placeholder_reason
 from gateway.testing.harness import DEMO_SECRET_ENV, SIM_ROUTE, default_policy, write_config
@@ -590,3 +593,82 @@ def test_a_release_alias_shares_both_of_its_routes_caches(
     # globex names the canary's route directly; acme reaches it through the release.
     warned = _prefix_warnings(config, capsys)
     assert len(warned) == 1 and "upstreams[1]" in warned[0] and "tenants acme, globex:" in warned[0]
+
+
+# ------------------------------------------------ the fleet (spec §24)
+
+
+def test_a_second_writer_on_an_audit_path_is_refused_naming_audit_path(tmp_path: Path) -> None:
+    """``serve`` would be a second writer: an error naming ``audit.path`` (not a
+    start-up failure deep in the lifespan); ``check``, run beside the running
+    gateway, warns instead. Nothing is created when nobody holds the path."""
+    audit = tmp_path / "audit" / "receipts.jsonl"
+    config = load_config(_config(tmp_path, audit={"path": str(audit)}))
+    assert preflight(config, ENV, serving=True) == []
+    assert not lock_path(audit).exists(), "the lock is only tried, never created"
+    audit.parent.mkdir()
+    held = audit_lock(audit)  # a running gateway's
+    try:
+        (error,) = preflight(config, ENV, serving=True)
+        assert (error.level, error.key, error.path) == ("error", "audit.path", None)
+        assert str(error).startswith("audit.path: held by another gateway process")
+        (warning,) = preflight(config, ENV)
+        assert (warning.level, warning.key) == ("warning", "audit.path")
+    finally:
+        audit_unlock(held)
+    assert preflight(config, ENV, serving=True) == []  # the holder is gone
+
+
+def test_check_prints_the_state_backend_replica_limits_store_and_every_release(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stable, canary = f"/srv/mosaic-models/{_CHAT}", f"/srv/mosaic-models/{_EMBED}"
+    secret = "postgresql://gateway:hunter2-secret@db.internal:5432/gateway"
+    config = write_config(
+        tmp_path,
+        upstream_port=1234,
+        policies={"acme": default_policy("acme", models={"chat": "release:chat"})},
+        issuers=issuers(),
+        upstreams=[
+            {"name": "old", "base_url": "http://127.0.0.1:1234", "routes": [stable]},
+            {"name": "new", "base_url": "http://127.0.0.1:1235", "routes": [canary]},
+        ],
+        releases=[
+            {"name": "chat", "stable": stable, "canary": canary, "canary_percent": 5},
+            {
+                "name": "next",
+                "stable": stable,
+                "canary": canary,
+                "cohort": "tenant",
+                "gate": {"min_requests": 7},
+            },
+        ],
+        state={"backend": "postgres", "dsn_env": "STATE_DSN", "replica_id": "gw-0"},
+        limits_store={
+            "backend": "redis",
+            "url": "rediss://redis.internal:6380/2",
+            "password_env": "REDIS_PW",
+        },
+    )
+    env = {DEMO_SECRET_ENV: HS_SECRET, "STATE_DSN": secret, "REDIS_PW": "hunter3-secret"}
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        assert main(["check", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split(":", 1)[0]: line for line in out.splitlines()}
+    assert lines["state"] == (
+        "state: postgres (DSN from $STATE_DSN, shared by every replica) timeout_ms=1000 "
+        "replica_id=gw-0"
+    )
+    assert lines["limits_store"].startswith(
+        "limits_store: redis rediss://redis.internal:6380/2 key_prefix=mrgw: timeout_ms=250 "
+        "on_error=closed unready_after_s=5"
+    )
+    assert lines["release chat"] == (
+        f"release chat: stable {stable} canary {canary} canary_percent=5 cohort=subject "
+        "fallback=on gate off (manual rollback only)"
+    )
+    assert "cohort=tenant" in lines["release next"] and "min_requests=7" in lines["release next"]
+    assert lines["audit"].startswith("audit: ")
+    assert "hunter" not in out and "db.internal" not in out

@@ -3,12 +3,17 @@ rotated files included, read as one fleet."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
 
+from gateway.books.receipt_chain import line_sha256
 from gateway.books.receipts import ReceiptWriter
+from gateway.books.state.sqlite.anchors import SqliteAnchorStore
+from gateway.config.loader import load_config
+from gateway.testing.harness import default_policy, write_config
 from gateway.tools.cli import main
 from tests.support.receipts import make_receipt
 
@@ -134,3 +139,70 @@ def test_merge_leaves_torn_lines_out(
     captured = capsysbinary.readouterr()
     assert len(captured.out.splitlines()) == 7
     assert b"1 torn lines left out" in captured.err
+
+
+# -- write-ahead and anchors (spec §24) ------------------------------------------------
+
+
+async def test_an_admitted_request_without_its_receipt_is_unfinished(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "gw-a" / "receipts.jsonl"
+    writer = ReceiptWriter(path, replica="gw-a")
+    await writer.start()
+    done = _receipt(1)
+    writer.open(done)
+    writer.open(_receipt(2))  # admitted; its replica is gone before its receipt
+    writer.write(done)
+    assert await writer.flush(5) == 0
+    await writer.aclose(5)
+    code, out = _verify(capsys, path.parent)
+    assert code == 1
+    assert out[:-1] == [
+        f"unfinished: replica gw-a seq 2 ({path} line 2): request req-2 was admitted and "
+        "has no receipt"
+    ]
+    assert out[-1].endswith("1 replicas, 1 receipts, 1 findings; 2 open lines (write-ahead)")
+    assert main(["receipts", "verify", "--allow-unfinished", str(path.parent)]) == 0
+    assert capsys.readouterr().out.startswith("unfinished: replica gw-a seq 2"), "still said"
+
+
+def test_verify_against_the_anchors_finds_deleted_newest_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """(A plain test: the command runs its own event loop.)"""
+    config = write_config(
+        tmp_path,
+        upstream_port=1234,
+        policies={"acme": default_policy("acme")},
+        audit={"path": "var/gw-a/receipts.jsonl"},
+    )
+    loaded = load_config(config)
+
+    async def replica_anchored() -> Path:
+        path = await _replica(loaded.audit.path.parent, "gw-a", [1, 2, 3, 4])
+        store = SqliteAnchorStore(loaded.staging.catalog)
+        last = path.read_bytes().splitlines()[-1]
+        await store.anchor("gw-a", 4, line_sha256(last), 1_800_000_000.0)
+        await store.close()
+        return path
+
+    path = asyncio.run(replica_anchored())
+    argv = ["receipts", "verify", "--anchors", "--config", str(config), str(path.parent)]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.strip().endswith("0 findings; held against 1 anchors")
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[:-2]))  # the newest two receipts deleted
+    assert main(["receipts", "verify", str(path.parent)]) == 0, "links alone cannot see it"
+    capsys.readouterr()
+    assert main(argv) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (
+        "truncated: replica gw-a: the newest line here is seq 2, but the replica anchored "
+        "seq 4 at 2027-01-15T08:00:00Z: 2 lines are gone from its end"
+    )
+
+
+def test_anchors_need_a_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["receipts", "verify", "--anchors", str(tmp_path)]) == 2
+    assert "--anchors needs --config" in capsys.readouterr().err

@@ -234,9 +234,13 @@ async def test_an_outage_keeps_the_last_decisions_and_is_logged_once(
 # -- the gate -------------------------------------------------------------------------
 
 
-def _traffic(releases: Releases, arm: str, n: int, failures: int, ttft_s: float) -> None:
+def _traffic(
+    releases: Releases, arm: str, n: int, failures: int, ttft_s: float, *, spread: bool = False
+) -> None:
+    """``n`` requests of ``arm``, ``failures`` of them failed: the first ones,
+    or (``spread``) evenly among them, so that every prefix has its share."""
     for i in range(n):
-        failed = i < failures
+        failed = (i + 1) * failures // n > i * failures // n if spread else i < failures
         releases.record("chat", arm, failed, None if failed else ttft_s)
 
 
@@ -256,13 +260,15 @@ async def test_a_failing_canary_is_rolled_back_once_and_persisted(
     releases, metrics = build(release(canary_percent=50, gate=GATE), store=store)
     _traffic(releases, STABLE, 40, 0, 0.05)
     _traffic(releases, CANARY, 40, 10, 0.05)
-    await releases.sync()
+    # Judged on each request: it tripped at the canary's 20th (10 of them failed).
     assert releases.percent("chat") == 0 and canaries(releases) == set()
+    assert store.decided == []  # saved by the next sync
+    await releases.sync()
     assert store.decided == [("chat", "rolled_back", 0.0)]
     assert sample(metrics, "gateway_release_rollbacks_total", release="chat") == 1
     assert sample(metrics, "gateway_release_canary_percent", release="chat") == 0
     [line] = _rollback_lines(caplog)
-    assert "failure_rate" in line and "40 requests" in line and "0.250" in line
+    assert "failure_rate" in line and "20 requests" in line and "0.500" in line
     assert "acme" not in line and "user-" not in line
     # Judged again and again: still one line, one count, one decision.
     _traffic(releases, CANARY, 40, 40, 0.05)
@@ -271,6 +277,40 @@ async def test_a_failing_canary_is_rolled_back_once_and_persisted(
     assert len(_rollback_lines(caplog)) == 1
     assert sample(metrics, "gateway_release_rollbacks_total", release="chat") == 1
     assert store.decided == [("chat", "rolled_back", 0.0)]
+
+
+async def test_the_gate_is_judged_on_each_finished_request_not_on_a_timer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Spec §24: with ``min_requests: 5``, a failing canary is rolled back by
+    the request that gives it its 5th in the window, with no sync in between
+    (on a one-second timer 12 of 12 failing canary requests passed first)."""
+    caplog.set_level(logging.WARNING, logger="gateway.releases")
+    gate = {"window_s": 60, "min_requests": 5, "max_failure_rate_delta": 0.05}
+    releases, metrics = build(release(canary_percent=50, gate=gate), store=FakeStore())
+    _traffic(releases, STABLE, 5, 0, 0.05)
+    passed = 0
+    for _ in range(12):
+        if releases.percent("chat") == 0:
+            break  # no canary request is assigned once rolled back
+        releases.settled("chat", CANARY, "upstream_error", "upstream_unavailable", None,
+                         reached_worker=True)  # fmt: skip
+        passed += 1
+    assert passed == 5
+    assert releases.percent("chat") == 0 and canaries(releases) == set()
+    assert sample(metrics, "gateway_release_rollbacks_total", release="chat") == 1
+    [line] = _rollback_lines(caplog)
+    assert "5 requests" in line and "1.000" in line
+
+
+async def test_the_gate_waits_for_min_requests_on_both_arms() -> None:
+    gate = {"window_s": 60, "min_requests": 5, "max_failure_rate_delta": 0.05}
+    releases, _ = build(release(canary_percent=50, gate=gate), store=FakeStore())
+    _traffic(releases, CANARY, 20, 20, 0.05)  # all failed, but stable has none yet
+    _traffic(releases, STABLE, 4, 0, 0.05)
+    assert releases.percent("chat") == 50
+    _traffic(releases, STABLE, 1, 0, 0.05)  # stable's 5th: now it judges
+    assert releases.percent("chat") == 0
 
 
 async def test_a_slow_canary_is_rolled_back_by_its_ttft_gate(
@@ -295,8 +335,9 @@ async def test_no_verdict_before_min_requests_or_within_the_bounds() -> None:
     await releases.sync()
     assert releases.percent("chat") == 50
     fresh, _ = build(release(canary_percent=50, gate=GATE), store=store)
-    _traffic(fresh, STABLE, 100, 2, 0.05)
-    _traffic(fresh, CANARY, 100, 6, 0.09)  # +4 % failures, TTFT x1.8: within the gate
+    # +4 % failures, TTFT x1.8: within the gate at every request it is judged on
+    _traffic(fresh, STABLE, 100, 2, 0.05, spread=True)
+    _traffic(fresh, CANARY, 100, 6, 0.09, spread=True)
     await fresh.sync()
     assert fresh.percent("chat") == 50 and store.decided == []
 
@@ -429,6 +470,23 @@ async def test_the_background_task_syncs_until_closed() -> None:
     seen = len(store.published)
     await releases.sync()  # by hand still works; the task is gone
     assert len(store.published) == seen + 1
+
+
+async def test_a_rollback_on_the_request_path_is_saved_without_waiting_for_the_tick() -> None:
+    store = FakeStore()
+    gate = {"window_s": 60, "min_requests": 5, "max_failure_rate_delta": 0.05}
+    releases = Releases(
+        [release(canary_percent=50, gate=gate)], GatewayMetrics(), store=store, sync_s=3600
+    )
+    releases.start()
+    try:
+        await eventually_async(lambda: len(store.published) == 1, "the first sync")
+        _traffic(releases, STABLE, 5, 0, 0.05)
+        _traffic(releases, CANARY, 5, 5, 0.05)
+        await eventually_async(lambda: bool(store.decided), "the rollback saved", timeout_s=5)
+    finally:
+        await releases.aclose()
+    assert store.decided == [("chat", "rolled_back", 0.0)]
 
 
 async def test_no_releases_no_store_calls() -> None:

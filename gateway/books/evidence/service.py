@@ -10,9 +10,11 @@ Theory of operation:
   ``max_bytes``) is checked before the file is kept and again in the insert's
   transaction. The file is renamed into place first and the record added
   after, both inside the store's lock: a crash before the rename leaves no
-  visible record and no final file; a crash between rename and insert leaves
-  an unreferenced file that :meth:`EvidenceService.recover` removes at the
-  next start.
+  visible record and no final file; a crash between rename and insert, or a
+  state store lost at the insert (its COMMIT included) so that the file's
+  removal cannot be checked either, leaves an unreferenced file that the
+  periodic :meth:`EvidenceService.sweep_staged` removes (and
+  :meth:`EvidenceService.recover` at the next start).
 - Records older than the tenant's ``evidence.ttl_s`` are invisible at once and
   forgotten by :meth:`EvidenceService.expire` (the runtime's sweep) exactly as
   a delete forgets them: leased files stay until the lease ends.
@@ -62,6 +64,8 @@ RESERVE_SUFFIX = ".reserve"
 
 #: a temp file on a shared volume untouched this long is a crashed writer's
 _SHARED_TEMP_AGE_S = 3600.0
+#: stored files checked against the catalog in one call of a staged-file sweep
+_SWEEP_BATCH = 1000
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +145,37 @@ class EvidenceService:
             await self._drop_file_if_unreferenced(sha256, ext)
         return len(released)
 
+    async def sweep_staged(self) -> int:
+        """The periodic sweep of staged files (not only at start): remove
+        stored files no record and no unexpired lease names, and temps a
+        crashed writer left; how many stored files went. Never raises: a
+        store that is down is logged and the next sweep tries again.
+
+        The catalog is asked in batches (one call per :data:`_SWEEP_BATCH`
+        files); each file it names nowhere is checked again under the store's
+        lock, which an upload holds from its rename to its insert, so a file
+        whose record is being added right now is never taken for an orphan."""
+        removed = 0
+        try:
+            async with self._store.locked():
+                await anyio.to_thread.run_sync(self._store.sweep_temp, _SHARED_TEMP_AGE_S)
+            files = await anyio.to_thread.run_sync(self._store.files)
+            for start in range(0, len(files), _SWEEP_BATCH):
+                batch = files[start : start + _SWEEP_BATCH]
+                named = await self._catalog.referenced([sha256 for sha256, _ in batch])
+                for sha256, ext in batch:
+                    if sha256 in named:
+                        continue
+                    async with self._store.locked():
+                        if not await self._catalog.is_referenced(sha256):
+                            await anyio.to_thread.run_sync(self._store.remove, sha256, ext)
+                            removed += 1
+        except GatewayError as exc:
+            logger.warning("evidence: the staged-file sweep failed (%s); will retry", exc.code)
+        if removed:
+            logger.info("evidence: %d staged files no record named were removed", removed)
+        return removed
+
     def begin_upload(self) -> TempUpload:
         """Where an upload's bytes go while they arrive (``commit_upload`` or discard)."""
         return self._store.begin_upload()
@@ -214,7 +249,11 @@ class EvidenceService:
                 not_before=not_before,
             )
         except GatewayError:
-            await self._remove_if_unreferenced(stored.sha256, stored.ext)
+            # The insert's own error is the answer: a store lost at its COMMIT
+            # cannot say whether anything names the file now either, and the
+            # periodic sweep removes it once the store answers (spec §24).
+            with contextlib.suppress(GatewayError):
+                await self._remove_if_unreferenced(stored.sha256, stored.ext)
             raise
         if inline:
             # Marked under the lock: no upload deduplicates onto it before.

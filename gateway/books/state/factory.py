@@ -9,8 +9,9 @@ from pathlib import Path
 
 from gateway.books.evidence.service import RESERVE_SUFFIX, EvidenceService
 from gateway.books.evidence.store import EvidenceStore
-from gateway.books.protocols import EvidenceCatalog, ReleaseStore, ResponseStore
+from gateway.books.protocols import AnchorStore, EvidenceCatalog, ReleaseStore, ResponseStore
 from gateway.books.state.calls import StateCalls
+from gateway.books.state.sqlite.anchors import SqliteAnchorStore
 from gateway.books.state.sqlite.catalog import Catalog
 from gateway.books.state.sqlite.evidence import SqliteCatalog
 from gateway.books.state.sqlite.releases import SqliteReleaseStore
@@ -38,8 +39,11 @@ class State:
     #: closes what the books above hold that their protocols do not close
     #: (``ReleaseStore`` has no ``close``: a runtime's fake needs none)
     closers: tuple[Callable[[], Awaitable[None]], ...] = field(default=())
+    #: each replica's receipt-chain head (spec §24)
+    anchors: AnchorStore = field(kw_only=True)
 
     async def close(self) -> None:
+        await self.calls.aclose()
         for close in self.closers:
             await close()
         await self.responses.close()
@@ -57,6 +61,7 @@ def open_state(
     state = config.state
     if state.backend == "postgres":
         # Imported here: a SQLite-only install never loads the driver.
+        from gateway.books.state.postgres.anchors import PgAnchorStore
         from gateway.books.state.postgres.evidence import PgCatalog
         from gateway.books.state.postgres.pool import PgPool, dsn_from
         from gateway.books.state.postgres.releases import PgReleaseStore
@@ -64,19 +69,31 @@ def open_state(
 
         calls = StateCalls(state.timeout_s, observe, on_error)
         pool = PgPool(dsn_from(env, state.dsn_env), state.timeout_s)
+        calls.watch(pool.ping)
         return State(
             PgCatalog(pool, calls, state.replica),
             PgResponseStore(pool, calls),
             PgReleaseStore(pool, calls),
             calls,
             True,
+            anchors=PgAnchorStore(pool, calls),
         )
     calls = StateCalls(None, observe, on_error)
     path = Path(config.staging.catalog)
     catalog = SqliteCatalog(Catalog(path), calls)
+    calls.watch(catalog.ping)
     responses = SqliteResponseStore(path)
     releases = SqliteReleaseStore(path)
-    return State(catalog, responses, releases, calls, False, closers=(releases.close,))
+    anchors = SqliteAnchorStore(path)
+    return State(
+        catalog,
+        responses,
+        releases,
+        calls,
+        False,
+        closers=(releases.close, anchors.close),
+        anchors=anchors,
+    )
 
 
 def evidence_service(

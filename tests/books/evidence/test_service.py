@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -461,6 +461,73 @@ async def test_a_catalog_failure_is_state_unavailable_and_keeps_no_file(tmp_path
         # The file was renamed into place before the insert failed: removed again.
         assert stored_names(svc) == set()
         assert await svc.usage(ACME) == (0, 0)
+    finally:
+        await svc.close()
+
+
+class _StoreDown(SqliteCatalog):
+    """A catalog whose store went away at the insert (its COMMIT lost) and
+    answers nothing until ``up`` is set again."""
+
+    up = True
+
+    async def add(self, *args: Any, **kwargs: Any) -> EvidenceRecord:
+        self.up = False
+        raise GatewayError("state_unavailable")
+
+    async def is_referenced(self, sha256: str) -> bool:
+        if not self.up:
+            raise GatewayError("state_unavailable")
+        return await super().is_referenced(sha256)
+
+    async def referenced(self, sha256s: Sequence[str]) -> set[str]:
+        if not self.up:
+            raise GatewayError("state_unavailable")
+        return await super().referenced(sha256s)
+
+
+async def test_the_periodic_sweep_removes_a_file_an_outage_left_unnamed(tmp_path: Path) -> None:
+    """The store is lost at the insert and cannot say whether anything names the
+    file either: the upload is 503 ``state_unavailable`` (the insert's own
+    error), the file stays, and the periodic sweep removes it once the store
+    answers; a file a record names stays (spec §24)."""
+    catalog = _StoreDown(Catalog(tmp_path / "cat.sqlite3"))
+    svc = EvidenceService(EvidenceStore(tmp_path / "ev"), catalog)
+    try:
+        named = await sqlite_service(tmp_path).upload(ACME, WAV, "audio/wav", None)
+        with pytest.raises(GatewayError) as info:
+            await svc.upload(ACME, PNG, "image/png", None)
+        assert (code_of(info), info.value.status) == ("state_unavailable", 503)
+        assert stored_names(svc) == {f"{PNG_SHA}.png", f"{named.sha256}.wav"}
+        assert await svc.sweep_staged() == 0  # the store is still down: nothing is guessed
+        assert f"{PNG_SHA}.png" in stored_names(svc)
+        catalog.up = True
+        assert await svc.sweep_staged() == 1
+        assert stored_names(svc) == {f"{named.sha256}.wav"}
+        assert await svc.read_bytes(named) == WAV
+    finally:
+        await svc.close()
+
+
+async def test_the_periodic_sweep_keeps_a_file_an_upload_is_adding(tmp_path: Path) -> None:
+    """A file renamed into place whose record is being inserted (the store's lock
+    held) is not an orphan: the sweep waits for the lock and finds the record."""
+    svc = sqlite_service(tmp_path)
+    try:
+        async with svc.store.locked():
+            stored = svc.store.put(PNG, sniff.PNG)
+            sweep = asyncio.create_task(svc.sweep_staged())
+            # The sweep runs while the insert is in its thread: it must wait for the lock.
+            await svc.catalog.add(
+                tenant="acme",
+                sha256=stored.sha256,
+                media_type="image/png",
+                ext="png",
+                size=stored.bytes,
+                locator_sha256=None,
+            )
+        assert await sweep == 0
+        assert stored_names(svc) == {f"{PNG_SHA}.png"}
     finally:
         await svc.close()
 

@@ -217,6 +217,23 @@ async def test_a_deleted_or_expired_record_cannot_be_leased(
     assert not await catalog.is_referenced(SHA_A)
 
 
+async def test_referenced_names_the_digests_a_record_or_live_lease_holds(
+    catalog: EvidenceCatalog, clock: FakeClock
+) -> None:
+    """The staged-file sweep's batch question (spec §24), as ``is_referenced`` per digest."""
+    assert await catalog.referenced([]) == set()
+    record = await add(catalog, sha=SHA_A)
+    leased = await add(catalog, sha=SHA_B)
+    await catalog.take_leases("req-1", [leased], 0, 30)
+    await catalog.delete("acme", leased.id)  # the lease alone holds SHA_B
+    many = [f"{n:064x}" for n in range(1000)]  # past SQLite's parameters per statement
+    assert await catalog.referenced([SHA_A, SHA_B, SHA_C, SHA_A, *many]) == {SHA_A, SHA_B}
+    clock.advance(30)  # the lease expired: a crashed replica's holds nothing
+    assert await catalog.referenced([SHA_A, SHA_B, SHA_C]) == {SHA_A}
+    await catalog.delete("acme", record.id)
+    assert await catalog.referenced([SHA_A, SHA_B]) == set()
+
+
 async def test_is_referenced_by_a_record_or_an_unexpired_lease(
     catalog: EvidenceCatalog, clock: FakeClock
 ) -> None:

@@ -303,6 +303,17 @@ class PgCatalog:
         )
         return bool(rows[0]["used"])
 
+    async def referenced(self, sha256s: Sequence[str]) -> set[str]:
+        rows = await self._fetch(
+            "referenced",
+            "SELECT sha256 FROM evidence_records WHERE sha256 = ANY($1::text[]) "
+            "UNION SELECT sha256 FROM evidence_leases WHERE sha256 = ANY($1::text[]) "
+            "AND expires > $2",
+            sorted(set(sha256s)),
+            self._clock(),
+        )
+        return {r["sha256"] for r in rows}
+
     async def active_leases(self) -> int:
         rows = await self._fetch(
             "active_leases",

@@ -7,7 +7,11 @@
   migrated on the first connection that succeeds (``migrate``).
 - A call cut short (``state.timeout_ms``, a cancelled request) leaves its
   connection mid-protocol, so it is terminated rather than returned: a
-  stopped server must not make the next caller wait on a reset.
+  stopped server must not make the next caller wait on a reset. A
+  connection the server dropped (a restart, at any point of a transaction,
+  COMMIT included) is one asyncpg already gave back to the pool when it saw
+  the socket close: terminating it again is nothing to do, never an error
+  (it was a 500 once, issue 36).
 - Every driver error becomes ``state_unavailable`` here, its class name kept
   as the cause for the operator log; the DSN is never in a message.
 """
@@ -46,6 +50,14 @@ def dsn_from(env: Mapping[str, str], name: str) -> str:
             "state_unavailable", f"state.dsn_env names {name}, which holds no postgresql:// DSN."
         )
     return dsn
+
+
+def _discard(conn: Conn) -> None:
+    """Terminate a connection left mid-protocol. One whose socket closed under
+    it is already back in the pool, detached from ``conn``: asyncpg refuses
+    every call on it (``InterfaceError``), and there is nothing to terminate."""
+    with contextlib.suppress(asyncpg.InterfaceError):
+        conn.terminate()
 
 
 class PgPool:
@@ -90,10 +102,10 @@ class PgPool:
         try:
             yield conn
         except (asyncio.CancelledError, TimeoutError):
-            conn.terminate()
+            _discard(conn)
             raise
         except _STORE_ERRORS as exc:
-            conn.terminate()
+            _discard(conn)
             raise GatewayError("state_unavailable") from exc
         finally:
             with contextlib.suppress(*_STORE_ERRORS):
@@ -118,6 +130,11 @@ class PgPool:
                 return str(await conn.execute(query, *args))
 
         return await calls.run(op, work())
+
+    async def ping(self) -> None:
+        """The cheapest round trip (the degraded store's probe, ``StateCalls.watch``)."""
+        async with self.connection() as conn:
+            await conn.fetchval("SELECT 1")
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Conn]:

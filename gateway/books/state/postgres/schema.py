@@ -91,6 +91,15 @@ STEPS: tuple[str, ...] = (
     INSERT INTO kept_usage (tenant, bytes)
         SELECT tenant, sum(size) FROM kept_responses GROUP BY tenant;
     """,
+    # 4: each replica's receipt-chain head, recorded every audit.anchor_interval_s (spec §24)
+    """
+    CREATE TABLE receipt_anchors (
+        replica TEXT PRIMARY KEY,
+        seq BIGINT NOT NULL,
+        sha256 TEXT NOT NULL,
+        updated DOUBLE PRECISION NOT NULL
+    );
+    """,
 )
 
 

@@ -92,6 +92,8 @@ _REFERENCED = (
     "SELECT EXISTS (SELECT 1 FROM records WHERE sha256 = ?) "
     "OR EXISTS (SELECT 1 FROM leases WHERE sha256 = ? AND (expires IS NULL OR expires > ?))"
 )
+#: digests per ``referenced`` statement (twice that many parameters, under SQLite's 999)
+_REFERENCED_BATCH = 400
 #: lookups of one tenant's live records (created at or after the TTL cutoff)
 _LIVE = "tenant = ? AND created >= ?"
 
@@ -389,6 +391,24 @@ class Catalog:
         with self._read() as conn:
             row = conn.execute(_REFERENCED, (sha256, sha256, self._clock())).fetchone()
         return bool(row[0])
+
+    def referenced(self, sha256s: Sequence[str]) -> set[str]:
+        """Which of the digests a record or an unexpired lease names (a sweep's batch)."""
+        wanted = sorted(set(sha256s))
+        found: set[str] = set()
+        with self._read() as conn:
+            # In pieces: SQLite bounds a statement's parameters (999 before 3.32).
+            for start in range(0, len(wanted), _REFERENCED_BATCH):
+                piece = wanted[start : start + _REFERENCED_BATCH]
+                marks = ", ".join("?" * len(piece))
+                rows = conn.execute(
+                    f"SELECT sha256 FROM records WHERE sha256 IN ({marks}) "  # noqa: S608
+                    f"UNION SELECT sha256 FROM leases WHERE sha256 IN ({marks}) "
+                    "AND (expires IS NULL OR expires > ?)",
+                    (*piece, *piece, self._clock()),
+                )
+                found.update(row[0] for row in rows)
+        return found
 
     def sweep_leases(self) -> list[tuple[str, str]]:
         """Drop expired leases; the distinct (sha256, ext) they held."""

@@ -33,6 +33,10 @@ class SqliteCatalog:
     async def _run(self, op: str, work: Callable[[], T]) -> T:
         return await self._calls.run(op, anyio.to_thread.run_sync(work))
 
+    async def ping(self) -> None:
+        """A trivial read (the degraded store's probe, ``StateCalls.watch``)."""
+        await anyio.to_thread.run_sync(self.sync.usage, "", 0)
+
     async def add(
         self,
         *,
@@ -121,6 +125,9 @@ class SqliteCatalog:
 
     async def is_referenced(self, sha256: str) -> bool:
         return await self._run("is_referenced", partial(self.sync.is_referenced, sha256))
+
+    async def referenced(self, sha256s: Sequence[str]) -> set[str]:
+        return await self._run("referenced", partial(self.sync.referenced, sha256s))
 
     async def active_leases(self) -> int:
         return await self._run("active_leases", self.sync.active_leases)
