@@ -43,7 +43,8 @@ demo-engine: setup
 # The scenarios direct, through the gateway and through a plain nginx (for
 # reference), the per-stage CPU budget of one streamed request (py-spy), then
 # what the state costs per request on SQLite vs PostgreSQL, then what a
-# release costs (bench/README.md).
+# release costs, then an image and a speech request's CPU and peak RSS
+# (bench/README.md).
 bench: setup postgresql
 	@bash bench/ensure-nginx.sh
 	$(BIN)/python -m pip install -q -e '.[profile]'
@@ -52,6 +53,7 @@ bench: setup postgresql
 	$(BIN)/python -m bench.bench_instructions
 	$(BIN)/python -m bench.bench_state
 	$(BIN)/python -m bench.bench_release
+	$(BIN)/python -m bench.bench_images_speech
 
 soak: setup
 	GATEWAY_SOAK=long $(BIN)/pytest -q -p no:cacheprovider tests/test_soak.py -s

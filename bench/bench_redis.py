@@ -94,6 +94,7 @@ class Target:
         self.name = name
         self.child = child
         self.receipts = load_config(config).audit.path
+        self.token = token
         body = orjson.dumps(
             {
                 "model": "gemma-4-mm",
@@ -234,7 +235,8 @@ def run(total: int, rounds: int, warm: int, store_n: int, out: Path) -> dict[str
                 token = mint_dev_token(
                     load_config(config).auth,
                     TENANT,
-                    scopes=["inference"],
+                    # metrics: the histogram below is read from the callers' port (§24)
+                    scopes=["inference", "metrics"],
                     ttl_s=3600,
                     issuer=ISSUER,
                     env={DEMO_SECRET_ENV: secret},
@@ -245,7 +247,7 @@ def run(total: int, rounds: int, warm: int, store_n: int, out: Path) -> dict[str
                     for target in targets:
                         _round(runner, target, total, warm)
                 store_latency = runner.run(_store_latency(redis.url, store_n))
-            histogram = _reserve_histogram(targets[1].child.port)
+            histogram = _reserve_histogram(targets[1].child.port, targets[1].token)
     finally:
         if other_cpus is not None:
             os.sched_setaffinity(0, before_affinity)
@@ -286,12 +288,13 @@ def run(total: int, rounds: int, warm: int, store_n: int, out: Path) -> dict[str
     return report
 
 
-def _reserve_histogram(port: int) -> dict[str, Any]:
+def _reserve_histogram(port: int, token: str) -> dict[str, Any]:
     """The Redis gateway's own ``gateway_limits_store_seconds{op="reserve"}``:
     its count and the bucket bounds of its p50 and p99."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    headers = {"authorization": f"Bearer {token}"}
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", headers=headers, timeout=5).text
     buckets: list[tuple[float, float]] = []
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

@@ -52,6 +52,9 @@ TENANT = "acme"
 ISSUER = "https://dev.gateway.local"
 CHUNKS = 16
 TARGET_RATIO = 1.5
+#: the scrapers' credential (scope ``metrics``) for the callers' port, in their
+#: environment (never on a command line): spec §24
+TOKEN_ENV = "BENCH_SCRAPE_TOKEN"
 #: a scraper's own bounds: one answer, and the whole flood
 _SCRAPE_TIMEOUT_S = 10.0
 _MAX_ANSWER = 64 << 20
@@ -61,13 +64,18 @@ _MAX_ANSWER = 64 << 20
 
 
 async def _scrape_once(
-    port: int, path: str, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None
+    port: int,
+    path: str,
+    conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None,
+    auth: str = "",
 ) -> tuple[int, tuple[asyncio.StreamReader, asyncio.StreamWriter] | None]:
-    """One ``GET path``; (body bytes, the connection if it stays open)."""
+    """One ``GET path`` (``auth``: an authorization header line, or ""); (body
+    bytes, the connection if it stays open)."""
     if conn is None:
         conn = await asyncio.open_connection("127.0.0.1", port)
     reader, writer = conn
-    writer.write(f"GET {path} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n\r\n".encode("ascii"))
+    request = f"GET {path} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n{auth}\r\n"
+    writer.write(request.encode("ascii"))
     head = await reader.readuntil(b"\r\n\r\n")
     if not head.startswith(b"HTTP/1.1 200 "):
         raise RuntimeError(head.split(b"\r\n", 1)[0].decode("latin-1"))
@@ -105,6 +113,8 @@ async def _scrapers(
     counts = [0] * clients
     errors: dict[str, int] = {}
     last_size = 0
+    token = os.environ.get(TOKEN_ENV)
+    auth = f"authorization: Bearer {token}\r\n" if token else ""
 
     async def client(slot: int) -> None:
         nonlocal last_size
@@ -112,7 +122,7 @@ async def _scrapers(
         while counts[slot] < loops and time.monotonic() < stop_at and not stopped.is_set():
             try:
                 size, conn = await asyncio.wait_for(
-                    _scrape_once(port, path, conn), _SCRAPE_TIMEOUT_S
+                    _scrape_once(port, path, conn, auth), _SCRAPE_TIMEOUT_S
                 )
             except (OSError, TimeoutError, RuntimeError, asyncio.IncompleteReadError) as exc:
                 errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
@@ -158,6 +168,7 @@ class Target:
         self.name = name
         self.child = child
         self.metrics_port = metrics_port
+        self.token = token
         body = orjson.dumps(
             {
                 "model": "gemma-4-mm",
@@ -245,6 +256,8 @@ def _flood(
     ]
     # bench/ is not installed: the child imports it from the checkout
     env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))}
+    if target.name == "main":
+        env[TOKEN_ENV] = target.token  # /metrics on the callers' port needs scope metrics
     scraper = Child(f"scrapers-{target.name}-{round_no}", argv, workdir, env, cpus=cpus)
     try:
         deadline = time.monotonic() + 30
@@ -363,7 +376,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 token = mint_dev_token(
                     load_config(config).auth,
                     TENANT,
-                    scopes=["inference"],
+                    scopes=["inference", "metrics"],
                     ttl_s=3600,
                     issuer=ISSUER,
                     env={DEMO_SECRET_ENV: secret},

@@ -105,6 +105,22 @@ def test_quick_media_bench_runs_and_reports_each_scenario() -> None:
     assert "Traceback" not in done.stderr.decode(errors="replace")
 
 
+def test_images_speech_bench_prints_each_scenarios_figures() -> None:
+    """``bench.bench_images_speech``: the scenarios asked for, each answered 200,
+    a row of figures each (exit 0 only when every request was 200)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.bench_images_speech", "--repeat", "1", "image_n4", "speech"],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=180,
+        check=False,
+    )
+    out = done.stdout.decode(errors="replace")
+    assert done.returncode == 0, out + done.stderr.decode(errors="replace")
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[1:]}
+    assert set(rows) == {"image_n4", "speech"} and all(r[0] == "200" for r in rows.values())
+
+
 def test_quick_redis_bench_reports_both_stores_without_errors(tmp_path: Path) -> None:
     out = tmp_path / "redis.json"
     done = subprocess.run(

@@ -307,6 +307,18 @@ def test_dashboard_has_a_releases_row_by_arm(dashboard: Doc) -> None:
     assert len({p["gridPos"]["y"] for p in arms}) == 1, "requests and TTFT side by side"
 
 
+def test_dashboard_has_an_images_and_speech_row(dashboard: Doc) -> None:
+    panels = row_panels(dashboard, "Images and speech")
+    exprs = [t["expr"] for p in panels for t in p["targets"]]
+    assert len(panels) == 2 and all(check_promql(e).problems == [] for e in exprs)
+    assert all('endpoint=~"images|speech"' in e for e in exprs)
+    assert {m for e in exprs for m in check_promql(e).metrics} == {
+        "gateway_requests_total",
+        "gateway_request_duration_seconds_bucket",
+    }
+    assert all("{{endpoint}}" in t["legendFormat"] for p in panels for t in p["targets"])
+
+
 # --- alert rules -------------------------------------------------------------------------
 
 

@@ -60,6 +60,7 @@ EXTERNAL = {
 #: start and stop), each run whole by the test named; here only their
 #: ``mistralrs-gateway`` commands are taken from those blocks
 RUN_WHOLE = {
+    "docs/callers.md": "tests/integration/test_claude_code.py",
     "docs/identity.md": "tests/test_docs_identity.py",
     "docs/worker-image.md": "tests/test_worker_image.py",
 }

@@ -24,7 +24,7 @@ import orjson
 import pytest
 
 from gateway.core import errors
-from gateway.testing.harness import DEMO_SECRET_ENV
+from gateway.testing.harness import DEMO_SECRET_ENV, SIM_ROUTE
 from gateway.testing.samples import build_mp4, build_png, build_wav
 from tests.support.docblocks import HEADING, REPO, Block, blocks
 from tests.support.jwt import HS_SECRET
@@ -37,9 +37,15 @@ ENDPOINTS = [
     "responses",
     "embeddings",
     "messages",
+    "images",
+    "speech",
     "models",
     "evidence",
 ]
+#: the Claude Code setup's output ceiling (fixtures/claude-code)
+CLAUDE_CODE_OUTPUT = 32768
+#: the image and speech models of the "Images and speech" examples (spec §23)
+KINDS = {"/srv/models/flux-image": "image", "/srv/models/dia-speech": "speech"}
 FILES = {"photo.png": build_png, "clip.wav": build_wav, "clip.mp4": build_mp4}
 #: what the simulated worker answers in a section (its side of the example)
 KNOBS: dict[str, dict[str, Any]] = {
@@ -58,14 +64,30 @@ SHELL = [b for b in BLOCKS if b.lang == "sh"]
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     mp = pytest.MonkeyPatch()
     mp.setenv(DEMO_SECRET_ENV, HS_SECRET)
-    limits = {"max_output_tokens": 512, "requests_per_minute": 6000, "tokens_per_minute": 10**7}
+    # Claude Code's 32000-token turns (its section) fit; the other examples name their bounds.
+    limits = {
+        "max_output_tokens": CLAUDE_CODE_OUTPUT,
+        "requests_per_minute": 6000,
+        "tokens_per_minute": 10**7,
+    }
+
+    models = {"gemma-4-mm": SIM_ROUTE, "flux-image": "/srv/models/flux-image"}
+    models["dia-speech"] = "/srv/models/dia-speech"
+    # the Claude Code section's alias (fixtures/claude-code/policies)
+    models["claude-sonnet-4-5"] = SIM_ROUTE
     policy = {
         "endpoints": ENDPOINTS,
         "limits": limits,
         "evidence": {"max_bytes": 10_000_000, "max_records": 100},
+        "models": models,
     }
     try:
-        with running_stack(tmp_path_factory.mktemp("callers"), acme=policy) as running:
+        with running_stack(
+            tmp_path_factory.mktemp("callers"),
+            acme=policy,
+            kinds=KINDS,
+            limits={"max_output_tokens": CLAUDE_CODE_OUTPUT},
+        ) as running:
             yield running
     finally:
         mp.undo()
@@ -134,6 +156,7 @@ def test_every_endpoint_has_a_section_and_every_code_a_row() -> None:
         "Completions",
         "Responses",
         "Embeddings",
+        "Images and speech",
         "Models",
         "Evidence (media)",
         "Errors",

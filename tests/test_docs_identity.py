@@ -85,6 +85,8 @@ def test_api_keys_and_dev_tokens_work_as_shown() -> None:
     assert re.search(r'"data":\[\{"id":"chat".*HTTP 200', keys.stdout)
     assert '"code":"invalid_token"' in keys.stdout
     assert 'gateway_auth_failures_total{reason="unknown_api_key"} 1.0' in keys.stdout
+    # The caller's key may not scrape; the scraper's key may (spec §24).
+    assert '"code":"insufficient_scope"' in keys.stdout and " HTTP 403" in keys.stdout
     tokens = ran(_block("Development tokens"))
     assert tokens.returncode == 0, tokens.stderr
     assert '"scope": "inference"' in tokens.stdout and '"sub": "dev"' in tokens.stdout

@@ -4,8 +4,9 @@
 ``grammar``, ``dialect``, ``answer``), ``responses/`` (``api``, ``events``,
 ``fill``, ``conversation``), ``messages/`` (``api``, ``events``,
 ``to_chat``: Anthropic Messages forwarded as chat), ``embeddings/`` (``api``,
-``scan``). A new API is a new folder: agentic events, images and speech go
-beside these. ``base.py`` says what a descriptor is (its :class:`Endpoint`,
+``scan``), ``images/`` (``api``, ``answer``, ``png``: n worker calls, one
+answer) and ``speech/`` (``api``, ``audio``: a binary body checked whole). A
+new API is a new folder. ``base.py`` says what a descriptor is (its :class:`Endpoint`,
 planning, the forwarded body, the dialect); ``media``, ``fields``,
 ``sampling`` and ``usage`` are the pieces they share. The pipeline
 (``gateway/pipeline``) serves every entry of :data:`APIS` the same way.
@@ -17,8 +18,10 @@ from gateway.apis.base import Api
 from gateway.apis.chat.api import ChatApi
 from gateway.apis.chat.completions import CompletionsApi
 from gateway.apis.embeddings.api import EmbeddingsApi
+from gateway.apis.images.api import ImagesApi
 from gateway.apis.messages.api import CountTokensApi, MessagesApi
 from gateway.apis.responses.api import ResponsesApi
+from gateway.apis.speech.api import SpeechApi
 
 APIS: tuple[Api, ...] = (
     ChatApi(),
@@ -27,6 +30,8 @@ APIS: tuple[Api, ...] = (
     EmbeddingsApi(),
     MessagesApi(),
     CountTokensApi(),
+    ImagesApi(),
+    SpeechApi(),
 )
 
 __all__ = ["APIS", "Api"]

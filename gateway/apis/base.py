@@ -5,29 +5,35 @@ One pipeline serves every inference endpoint (``gateway/pipeline``); an
 starlette ``Route`` carries what differs per path:
 
 - its :class:`Endpoint`: path, scope and endpoint name (policy, receipts,
-  metrics), the worker's path and exchange, the error shape;
+  metrics), the worker's path and exchange, the error shape, the route kinds
+  it runs on (spec §23) and what its permits cost;
 - :meth:`Api.plan`: the field allowlist and the planning of one request
-  (alias, output bound, prompt bytes, media parts as :class:`MediaRef`);
+  (alias, output bound, prompt bytes, media parts as :class:`MediaRef`, and
+  how many worker calls it makes: :attr:`Plan.calls`, one per image asked for);
 - :meth:`Api.forward`: the body the worker gets (alias → exact route,
   stream forced, usage asked for, ``max_tokens`` explicit), media still as
   placeholders that only the gateway can fill (``gateway/core/body.py``);
 - :meth:`Api.dialect`: the worker's answer as a sans-I/O :class:`Dialect`
   (its stream grammar or JSON check, the caller's frames, the non-stream
-  answer and where its usage lives).
+  answer and where its usage lives). One dialect reads every worker call of a
+  request: before each call after the first the pipeline asks it for a fresh
+  source (:meth:`Dialect.next_call`), and its answer assembles them all.
 
 Pure: no I/O library is imported here or by any descriptor.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from gateway.apis.agents.events import AgentEvents
 from gateway.config.agents import RouteAgents
+from gateway.config.media import ImagesConfig, SpeechConfig
 from gateway.config.policy import Tenant
 from gateway.core.errors import GatewayError
+from gateway.core.replies import Pieces
 from gateway.core.sse import Framing, violation
 
 MediaKind = Literal["image", "audio", "video"]
@@ -47,6 +53,10 @@ class PlanContext:
     nonce: str
     #: the request's header fields (lower-case names), for descriptors that read them
     headers: tuple[tuple[bytes, bytes], ...] = ()
+    #: the gateway's image and speech bounds, and its public base URL (spec §23)
+    images: ImagesConfig = field(default_factory=ImagesConfig)
+    speech: SpeechConfig = field(default_factory=SpeechConfig)
+    public_base_url: str | None = None
     #: the ``agents`` of the worker a policy route reaches (spec §22); None: none
     route_agents: Callable[[str], RouteAgents | None] = _no_agents
     #: the key of the worker's session ids (gateway ``agents.session_key_env``)
@@ -101,6 +111,12 @@ class Plan:
     #: the caller sees every usage field the worker reported (policy
     #: ``usage_details: full``), not only the counts (spec §21)
     full_usage: bool = False
+    #: worker calls the request makes, one after the other, each with its own
+    #: permit and counted as a request (an image each, spec §23)
+    calls: int = 1
+    #: what the descriptor hands its dialect from planning (an image request's
+    #: size, count and format; a speech request's format and bound)
+    detail: Any = None
     #: an agentic request (spec §22): what the worker's tool loop may do
     agent: AgentPlan | None = None
     #: the caller streams and asked for the agent's events (``x-agent-events: 1``)
@@ -198,6 +214,23 @@ class Report:
     upstream_id: str | None = None
     #: the answer's final object when it is kept for a later GET (Responses)
     final: dict[str, Any] | None = None
+    #: what a media answer made (spec §23): the receipt's ``outputs`` and its usage
+    #: (``{"images": n}`` or ``{"audio_ms": ms}``) instead of token counts
+    outputs: list[dict[str, int | str]] | None = None
+    media_usage: dict[str, int] | None = None
+    #: outputs the pipeline stores as tenant files before the answer (``url`` images)
+    files: Sequence[OutputFile] = ()
+
+
+@dataclass(eq=False, slots=True)
+class OutputFile:
+    """One output to keep as a tenant file (spec §23 ``url``): the dialect fills
+    the bytes (or their pieces, read once, as the file is written), the pipeline
+    stores them and hands back their link in ``url``."""
+
+    data: bytes | Iterable[bytes]
+    name: str
+    url: str | None = None
 
 
 class Source(Protocol):
@@ -210,6 +243,14 @@ class Source(Protocol):
     def receive_data(self, data: bytes) -> None: ...
 
     def next_event(self) -> Any: ...
+
+
+class HeadReader(Protocol):
+    """A source that also reads the worker's response head (its media type,
+    checked by the transport for the exchange): a binary body's format may
+    live there alone (``audio/pcm;rate=…``)."""
+
+    def receive_head(self, content_type: bytes) -> None: ...
 
 
 class Dialect(Protocol):
@@ -239,11 +280,30 @@ class Dialect(Protocol):
 
     def error_frame(self, exc: GatewayError) -> bytes: ...
 
-    def answer(self, usage: dict[str, Any]) -> dict[str, Any]:
-        """The non-streaming caller's answer, with the usage the pipeline settled."""
+    def answer(self, usage: dict[str, Any]) -> dict[str, Any] | Pieces:
+        """The non-streaming caller's answer, with the usage the pipeline settled:
+        a JSON object, or a body already in pieces (images, audio)."""
         ...
 
     def report(self) -> Report: ...
+
+    def next_call(self) -> None:
+        """Before the next worker call of a plan that makes several: a fresh
+        source; what earlier calls produced stays for the answer."""
+        ...
+
+
+class OneCall:
+    """What a dialect of a one-call plan says when asked for another (never)."""
+
+    __slots__ = ()
+
+    def next_call(self) -> None:
+        raise AssertionError("this endpoint makes one worker call per request")
+
+
+#: what a worker exchange is: an SSE stream, one JSON body, or one audio body
+Exchange = Literal["sse", "json", "audio"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,8 +324,16 @@ class Endpoint:
     #: the shape of error bodies on this path
     error_shape: Literal["openai", "anthropic"] = "openai"
     scope: str = "inference"
-    #: what the gateway asks the worker for: an SSE stream, or one JSON body
-    exchange: Literal["sse", "json"] = "sse"
+    #: what the gateway asks the worker for: an SSE stream, one JSON body, or audio
+    exchange: Exchange = "sse"
+    #: the route kinds it may run on (spec §23); another is ``model_not_capable``
+    route_kinds: frozenset[str] = frozenset({"chat"})
+    #: what each worker call's permit weighs: the request's base and media parts,
+    #: or the policy's ``cost.image_generation`` / ``cost.speech`` (spec §23)
+    cost: Literal["request", "image_generation", "speech"] = "request"
+    #: a worker's 4xx: ``upstream_rejected`` (spec §12), or ``invalid_request``
+    #: with the worker's own message cut to 200 characters (spec §24, media routes)
+    worker_rejection: Literal["classified", "relayed"] = "classified"
     #: whether the worker may run its own tools for this path (spec §22):
     #: ``governed`` (the gateway reads the agentic events and approves every call),
     #: ``ungoverned`` (the worker would run them unasked), ``none``
@@ -337,7 +405,8 @@ def stream_flags(body: Mapping[str, Any]) -> tuple[bool, bool]:
     return stream, options.get("include_usage") is True
 
 
-def check_prompt(prompt_bytes: int, tenant: Tenant, param: str | None = None) -> None:
+def check_prompt(prompt_bytes: int, tenant: Tenant, param: str) -> None:
+    """``max_prompt_bytes``; ``param`` names the field to shorten (spec §24)."""
     if prompt_bytes > tenant.limits.max_prompt_bytes:
         raise GatewayError(
             "prompt_too_large", "The prompt exceeds this tenant's limit.", param=param

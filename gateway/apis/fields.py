@@ -11,6 +11,14 @@ not ``1`` and ``1.0`` is not an integer). Pure: no I/O.
 Unknown names are ``unsupported_field``; wrong types and values are
 ``invalid_request``. A field name goes into ``param`` only when it looks like
 an identifier, so an error never echoes arbitrary caller text.
+
+An explicit JSON ``null`` on an optional field is the field's absence (spec
+§24, as OpenAI takes it: SDKs and frameworks send ``null`` for what they leave
+unset): :func:`obj` leaves it out of what it forwards, unless the object
+names the field in ``keep_null`` (a null the worker must see: an assistant
+turn's ``content`` beside its tool calls). A null on a required field is still
+refused by the field's spec, and a null under a refused name is no request for
+what that name would ask, so it is absent too.
 """
 
 from __future__ import annotations
@@ -106,13 +114,6 @@ def enum(*values: str) -> Spec:
     return check
 
 
-def nullable(spec: Spec) -> Spec:
-    def check(value: Any, path: str) -> Any:
-        return None if value is None else spec(value, path)
-
-    return check
-
-
 def list_of(spec: Spec, *, min_items: int = 0, max_items: int | None = None) -> Spec:
     def check(value: Any, path: str) -> list[Any]:
         if not isinstance(value, list):
@@ -174,17 +175,24 @@ def obj(
     *,
     required: Iterable[str] = (),
     refused: Mapping[str, str] | None = None,
+    keep_null: Iterable[str] = (),
 ) -> Spec:
     """An object whose every key is allowlisted; ``refused`` names the keys
-    refused with a reason (agentic and server-side tool fields, spec §12)."""
+    refused with a reason (agentic and server-side tool fields, spec §12).
+    A ``null`` on a field that is not required is its absence, except for the
+    names in ``keep_null`` (module docstring)."""
     must = tuple(required)
     refusals = dict(refused or {})
+    # a null passed to the field's spec: required (refused there) or kept
+    checked_nulls = frozenset(must) | frozenset(keep_null)
 
     def check(value: Any, path: str) -> dict[str, Any]:
         if not isinstance(value, dict):
             raise invalid(path, "must be an object")
         out: dict[str, Any] = {}
         for name, entry in value.items():
+            if entry is None and name not in checked_nulls and isinstance(name, str):
+                continue
             where = child(path, name) if isinstance(name, str) else child(path, "")
             reason = refusals.get(name)
             if reason is not None:

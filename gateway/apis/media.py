@@ -27,6 +27,12 @@ from gateway.config.policy import Tenant
 from gateway.core.body import placeholder
 from gateway.core.errors import GatewayError
 
+#: the refusals of a caller URL and of inline data (``media.inline_data: reject``)
+URL_REFUSED = "Media must be referenced as evidence:<id>; caller URLs are not forwarded."
+INLINE_REFUSED = (
+    "Inline data is not accepted for this tenant: upload the bytes as evidence "
+    "and reference them as evidence:<id>."
+)
 EVIDENCE_URL = re.compile(r"evidence:(ev_[A-Za-z0-9]{1,64})")
 _BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 
@@ -78,11 +84,9 @@ def plan_url(
     if media.caller_urls == "drop":
         plan.dropped_parts.append(flat_index)
         return None
-    raise GatewayError(
-        "caller_url_forbidden",
-        "Media must be referenced as evidence:<id>; caller URLs are not forwarded.",
-        param=param,
-    )
+    if source == "data":
+        raise GatewayError("caller_url_forbidden", INLINE_REFUSED, param=param)
+    raise GatewayError("caller_url_forbidden", URL_REFUSED, param=param)
 
 
 def check_count(plan: Plan, tenant: Tenant, param: str) -> None:

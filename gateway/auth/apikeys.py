@@ -15,9 +15,6 @@ from gateway.auth.tokens import TokenRejected
 from gateway.config.policy import PolicySet
 from gateway.core.errors import GatewayError
 
-#: a static key carries both scopes; the tenant's ``endpoints`` still limit it
-API_KEY_SCOPES = frozenset({"inference", "evidence"})
-
 
 def match_api_key(value: str, policies: PolicySet) -> Principal:
     digest = hashlib.sha256(value.encode("utf-8")).hexdigest()
@@ -30,7 +27,8 @@ def match_api_key(value: str, policies: PolicySet) -> Principal:
     return Principal(
         tenant=matched.tenant,
         subject=f"apikey:{matched.name}",
-        scopes=API_KEY_SCOPES,
+        # its entry's (both API scopes unless listed); the endpoints still limit it
+        scopes=matched.scopes,
         kind="api_key",
         expires_at=None,
     )

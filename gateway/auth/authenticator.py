@@ -201,16 +201,17 @@ class Authenticator:
         self._owns_http = False
 
 
-def authorize(principal: Principal, tenant: Tenant, endpoint: str, scope: str) -> None:
+def authorize(principal: Principal, tenant: Tenant, endpoint: str | None, scope: str) -> None:
     """Refuse unless the credential's issuer is allowed for the tenant, the
-    tenant allows ``endpoint`` and the credential has ``scope``."""
+    tenant allows ``endpoint`` (None: a route of no tenant's, ``/metrics``) and
+    the credential has ``scope``."""
     if principal.tenant != tenant.name:
         # A caller bug, not a caller's doing; refuse rather than serve across tenants.
         raise GatewayError("tenant_not_configured")
     issuers = tenant.policy.issuers
     if issuers is not None and principal.kind == "jwt" and principal.issuer not in issuers:
         raise GatewayError("issuer_not_allowed")
-    if not tenant.allows_endpoint(endpoint):
+    if endpoint is not None and not tenant.allows_endpoint(endpoint):
         raise GatewayError("endpoint_not_allowed")
     if scope not in principal.scopes:
         raise GatewayError("insufficient_scope")

@@ -147,7 +147,8 @@ class Receipt:
     outcome: str = "incomplete"
     error_code: str | None = None
     finish_reason: str | None = None
-    usage: Usage | None = None
+    #: tokens, or what a media answer made (``{"images": n}``, ``{"audio_ms": ms}``)
+    usage: Usage | dict[str, int] | None = None
     stream_sha256: str | None = None
     queue_ms: float | None = None
     ttft_ms: float | None = None
@@ -160,6 +161,9 @@ class Receipt:
     nul_replaced: int = 0
     #: the release and arm when the alias names a release (spec §18); null otherwise
     release: ReleaseMark | None = None
+    #: what an images or speech answer made (spec §23): ``sha256``, ``bytes`` and
+    #: ``width``/``height`` or ``duration_ms`` of each; null for other endpoints
+    outputs: list[dict[str, int | str]] | None = None
     #: an agentic request's rounds, tool calls and decisions, files, worker session (spec §22)
     agent: dict[str, Any] | None = None
     #: the seq of this request's ``open`` line (spec §24); null: refused before admission

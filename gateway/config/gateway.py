@@ -15,12 +15,13 @@ from gateway.config.auth import AuthConfig
 from gateway.config.base import Model, RelPath
 from gateway.config.limits import AdmissionConfig, LimitsConfig, LimitsStoreConfig
 from gateway.config.listen import CorsConfig, ListenConfig
+from gateway.config.media import ImagesConfig, ServerConfig, SpeechConfig
 from gateway.config.observe import AuditConfig, LoggingConfig, MetricsConfig
 from gateway.config.releases import ReleaseConfig
 from gateway.config.responses import ResponsesConfig
 from gateway.config.staging import StagingConfig
 from gateway.config.state import StateConfig
-from gateway.config.upstream import UpstreamConfig
+from gateway.config.upstream import RouteKind, UpstreamConfig
 
 
 class GatewayConfig(Model):
@@ -71,6 +72,15 @@ class GatewayConfig(Model):
         StateConfig(),
         description="Evidence, leases, kept responses: SQLite (one replica) or PostgreSQL (§17).",
     )
+    server: ServerConfig = Field(
+        ServerConfig(), description="How callers reach this gateway (its public base URL)."
+    )
+    images: ImagesConfig = Field(
+        ImagesConfig(), description="POST /v1/images/generations: counts, sizes, links (§23)."
+    )
+    speech: SpeechConfig = Field(
+        SpeechConfig(), description="POST /v1/audio/speech: input and output bounds (§23)."
+    )
     agents: GatewayAgents = Field(
         GatewayAgents(),
         description="Agents (§22): the session key, pinned names, ceilings of policies' agents.",
@@ -100,12 +110,16 @@ class GatewayConfig(Model):
         names = [r.name for r in self.releases]
         if len(names) != len(set(names)):
             raise ValueError("release names must be unique")
+        kinds = self.route_kinds
         for release in self.releases:
             for arm in ("stable", "canary"):
                 if getattr(release, arm) not in served:
                     raise ValueError(
                         f"releases.{release.name}.{arm} must be a route an upstream serves"
                     )
+            if kinds[release.stable] != kinds[release.canary]:
+                # One alias, one capability: a fallback must serve what the plan asked.
+                raise ValueError(f"releases.{release.name}: stable and canary differ in kind")
         # base64 grows bytes by 4/3; the forwarded body must fit every worker's limit.
         media = self.limits.max_media_bytes * 4 // 3
         smallest = min(u.max_request_bytes for u in self.workers)
@@ -127,3 +141,8 @@ class GatewayConfig(Model):
     def routes(self) -> dict[str, UpstreamConfig]:
         """Route -> the worker serving it."""
         return {route: u for u in self.workers for route in u.served_routes}
+
+    @property
+    def route_kinds(self) -> dict[str, RouteKind]:
+        """Route -> what it serves (spec §23)."""
+        return {route: kind for u in self.workers for route, kind in u.route_kinds.items()}

@@ -18,9 +18,21 @@ from gateway.config.agents import PolicyAgents
 from gateway.config.releases import RELEASE_PREFIX
 
 Endpoint = Literal[
-    "chat.completions", "completions", "responses", "embeddings", "messages", "models", "evidence"
+    "chat.completions",
+    "completions",
+    "responses",
+    "embeddings",
+    "messages",
+    "images",
+    "speech",
+    "models",
+    "evidence",
 ]
 Modality = Literal["text", "image", "audio", "video"]
+#: what a credential may be for (spec §4; ``metrics``: ``/metrics`` on the callers' port, §24)
+Scope = Literal["inference", "evidence", "metrics"]
+#: what a static API key carries unless its entry lists ``scopes``
+API_KEY_SCOPES: tuple[Scope, ...] = ("inference", "evidence")
 MEDIA_MODALITIES: tuple[Modality, ...] = ("image", "audio", "video")
 
 TENANT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
@@ -34,6 +46,14 @@ class ApiKey(Model):
     )
     sha256: Hex64 = Field(
         description='SHA-256 of the key, 64 lowercase hex (`printf %s "$KEY" | sha256sum`).',
+    )
+    scopes: list[Scope] = Field(
+        list(API_KEY_SCOPES),
+        min_length=1,
+        description=(
+            "What the key carries, exactly: `inference` and `evidence` unless listed; "
+            "`[metrics]` for a scraper of /metrics on the callers' port (spec §24)."
+        ),
     )
 
 
@@ -105,12 +125,17 @@ class PolicyAdmission(Model):
 
 
 class Cost(Model):
-    """Permit units one request takes: base plus one amount per media part."""
+    """Permit units one request takes: base plus one amount per media part; an
+    image generation or a speech request takes its own amount instead (spec §23)."""
 
     base: Annotated[int, Field(ge=0)] = Field(1, description="Units of every request.")
     image: Annotated[int, Field(ge=0)] = Field(1, description="Units per image part.")
     audio: Annotated[int, Field(ge=0)] = Field(1, description="Units per audio part.")
     video: Annotated[int, Field(ge=0)] = Field(2, description="Units per video part.")
+    image_generation: Annotated[int, Field(ge=0)] = Field(
+        4, description="Units of each image generated (each of `n` is its own worker call)."
+    )
+    speech: Annotated[int, Field(ge=0)] = Field(2, description="Units of a speech request.")
 
 
 class MediaPolicy(Model):
@@ -176,7 +201,7 @@ class TenantPolicy(Model):
     )
     api_keys: list[ApiKey] = Field(
         [],
-        description="Static API keys (both scopes, limited by endpoints).",
+        description="Static API keys (their scopes, limited by endpoints).",
     )
     limits: PolicyLimits = Field(PolicyLimits(), description="The tenant's limits.")
     admission: PolicyAdmission = Field(
@@ -251,6 +276,7 @@ class Tenant:
 class ApiKeyEntry:
     tenant: str
     name: str
+    scopes: frozenset[str] = frozenset(API_KEY_SCOPES)
 
 
 @dataclass(frozen=True)
@@ -357,5 +383,9 @@ def build_policy_set(policies: list[TenantPolicy], config: GatewayConfig) -> Pol
     tenants = {
         p.tenant: Tenant(p.tenant, p, resolve_limits(p.limits, config.limits)) for p in policies
     }
-    keys = {k.sha256: ApiKeyEntry(p.tenant, k.name) for p in policies for k in p.api_keys}
+    keys = {
+        k.sha256: ApiKeyEntry(p.tenant, k.name, frozenset(k.scopes))
+        for p in policies
+        for k in p.api_keys
+    }
     return PolicySet(tenants=tenants, api_keys=keys)

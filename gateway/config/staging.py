@@ -40,6 +40,17 @@ class StagingConfig(Model):
             "Uploads read at once (each streams to a temp file); the next gets 429 queue_full."
         ),
     )
+    max_image_pixels: PositiveInt = Field(
+        40_000_000,
+        description=(
+            "Pixels an image (or a video frame) may declare in its header; past it an upload "
+            "or inline data is 400 media_limit_exceeded (spec §24)."
+        ),
+    )
+    max_image_side: PositiveInt = Field(
+        16_384,
+        description="Width or height an image (or a video frame) may declare, each.",
+    )
     expiry_sweep_s: PositiveFloat = Field(
         30,
         description="How often records past a tenant's evidence.ttl_s are forgotten.",

@@ -3,6 +3,10 @@ timeouts, the bounds its answers are read under, and optionally its pinned
 launch), its readiness :class:`ProbeConfig`, the pattern of worker names
 (:data:`UPSTREAM_NAME`) and :func:`is_loopback_host`, which decides whether an
 origin needs ``allow_remote``.
+
+Each route has a kind (spec §23, :data:`RouteKind`): what the model behind it
+serves. A route is written as its name (kind ``chat``: every config written
+before kinds keeps its meaning) or as ``{route, kind}`` (:class:`RouteEntry`).
 """
 
 from __future__ import annotations
@@ -57,6 +61,33 @@ class ConfirmCancelConfig(Model):
 
 UPSTREAM_NAME = r"^[a-z0-9-]{1,32}$"
 
+#: what a route's model serves (spec §23): a text or multimodal chat model,
+#: an embedding model, a speech model (``serve speech``) or a diffusion model
+#: (``serve diffusion``)
+RouteKind = Literal["chat", "embeddings", "speech", "image"]
+#: the kinds a semantic readiness probe can ask (spec §23: none for the others)
+PROBED_KINDS: frozenset[str] = frozenset({"chat", "embeddings"})
+
+
+class RouteEntry(Model):
+    """A route with its kind; a bare string is ``{route: <it>, kind: chat}``."""
+
+    route: Annotated[str, Field(min_length=1)] = Field(
+        description="The exact route (the worker's model id)."
+    )
+    kind: RouteKind = Field("chat", description="What the route's model serves.")
+
+
+RouteSpec = Annotated[str, Field(min_length=1)] | RouteEntry
+
+
+def _name(spec: RouteSpec) -> str:
+    return spec if isinstance(spec, str) else spec.route
+
+
+def _kind(spec: RouteSpec) -> RouteKind:
+    return "chat" if isinstance(spec, str) else spec.kind
+
 
 class UpstreamConfig(Model):
     """One worker. ``upstream:`` (one worker, named ``default``, one ``route``)
@@ -73,15 +104,19 @@ class UpstreamConfig(Model):
     allow_remote: bool = Field(
         False, description="Allow a base_url that is not a loopback address."
     )
-    route: Annotated[str, Field(min_length=1)] | None = Field(
+    route: RouteSpec | None = Field(
         None,
         description=(
-            "`upstream:` only: the one route (the worker's model id) the aliases may point at."
+            "`upstream:` only: the one route (the worker's model id) the aliases may point at; "
+            "a name (kind chat) or `{route, kind}`."
         ),
     )
-    routes: list[Annotated[str, Field(min_length=1)]] = Field(
+    routes: list[RouteSpec] = Field(
         [],
-        description="`upstreams:` entries: the exact routes this worker serves.",
+        description=(
+            "`upstreams:` entries: the exact routes this worker serves, each a name (kind "
+            "chat) or `{route, kind}` with kind chat, embeddings, speech or image (spec §23)."
+        ),
     )
     capacity: PositiveInt | None = Field(
         None,
@@ -181,13 +216,31 @@ class UpstreamConfig(Model):
                 raise ValueError(
                     "launch's model_dir(s) must equal the routes (the worker's model ids)"
                 )
+            media = {"speech", "image"} & set(self.route_kinds.values())
+            if media and self.launch.models is not None:
+                # from-config's model kinds are text, multimodal and embedding only.
+                raise ValueError(
+                    "a speech or image route needs a one-model launch "
+                    "(`mistralrs serve speech|diffusion`)"
+                )
+            if media and self.launch.format != "plain":
+                raise ValueError("a speech or image route's launch takes format plain")
             if self.agents is not None and self.launch.models is not None:
                 raise ValueError("agents need a one-model launch (`mistralrs serve`)")
+        if self.agents is not None and {"speech", "image"} & set(self.route_kinds.values()):
+            raise ValueError("agents need chat routes (a speech or image route runs no tools)")
         return self
 
     @property
     def served_routes(self) -> list[str]:
-        return [self.route] if self.route is not None else list(self.routes)
+        specs = [self.route] if self.route is not None else self.routes
+        return [_name(spec) for spec in specs]
+
+    @property
+    def route_kinds(self) -> dict[str, RouteKind]:
+        """Route -> its kind (spec §23)."""
+        specs = [self.route] if self.route is not None else self.routes
+        return {_name(spec): _kind(spec) for spec in specs}
 
     @property
     def framing(self) -> Framing:

@@ -180,6 +180,7 @@ _ANTHROPIC_TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    413: "request_too_large",
     429: "rate_limit_error",
 }
 

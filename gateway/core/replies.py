@@ -1,5 +1,7 @@
 """Whole JSON replies over an ASGI ``send`` (every handler and the relay's
-non-streamed answer). Pure: it awaits the callable it is given.
+non-streamed answer), and replies already in pieces (:class:`Pieces`: an
+image answer around the worker's base64, an audio body). Pure: it awaits the
+callable it is given.
 
 A :class:`Spliced` body (an embeddings answer: tens of MB of the worker's own
 bytes) is not serialized into one payload: its envelope is, and the big value
@@ -11,6 +13,7 @@ control, so the transport never buffers the whole of it either.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -74,6 +77,39 @@ async def send_json(
             chunk = bytes(view[at : at + CHUNK_BYTES])
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
     await send({"type": "http.response.body", "body": tail})
+
+
+@dataclass(frozen=True, slots=True)
+class Pieces:
+    """A reply body already made: its media type and its pieces (bytes or views
+    into the worker's answer), sent one after the other, never joined: a 16 MiB
+    image's base64 or a 64 MiB audio body costs no second copy."""
+
+    media_type: bytes
+    pieces: tuple[bytes | memoryview, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(memoryview(piece).nbytes for piece in self.pieces)
+
+
+async def send_pieces(
+    send: Send, status: int, body: Pieces, headers: Mapping[str, str] | None = None
+) -> None:
+    """``body`` with its ``Content-Length``, in messages of at most
+    :data:`CHUNK_BYTES` (each ``send`` waits for the server's flow control)."""
+    raw_headers = [
+        (b"content-type", body.media_type),
+        (b"content-length", str(body.size).encode()),
+        *encode_headers(headers or {}),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+    for piece in body.pieces:
+        with memoryview(piece) as view:
+            for at in range(0, view.nbytes, CHUNK_BYTES):
+                chunk = bytes(view[at : at + CHUNK_BYTES])
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
 
 
 def encode_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:

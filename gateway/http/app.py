@@ -24,12 +24,13 @@ from gateway.apis import APIS
 from gateway.config import CorsConfig
 from gateway.config.loader import Loaded
 from gateway.core.errors import GatewayError
-from gateway.http.asgi import header, request_id_from, send_error
+from gateway.http.asgi import header, info_of, request_id_from, send_error
 from gateway.http.evidence_api import evidence_collection, evidence_item
 from gateway.http.inference import InferenceEndpoint
 from gateway.http.responses_api import response_cancel, response_input_items, response_item
 from gateway.http.routes import livez, metrics, models, readyz
 from gateway.http.runtime import Runtime, build_runtime, close_runtime, start_background
+from gateway.http.signed_files import signed_file_content
 from gateway.observe.access import RequestInfo
 from gateway.observe.logs import access_writer
 from gateway.observe.tracing import NO_SPAN, NS, Tracing, failed
@@ -60,7 +61,8 @@ class _Raw:
 
 
 class _ResponseHeaders:
-    """The one ``send`` wrapper: x-request-id and CORS on every response start.
+    """The one ``send`` wrapper: x-request-id (and ``request-id`` on the
+    Anthropic paths) and CORS on every response start.
 
     Body messages pass straight through; this is the only wrapper a streamed
     chunk crosses between the relay and uvicorn.
@@ -113,7 +115,11 @@ class GatewayApp:
             # Probes and scrapes make no spans; every API request does.
             info.span = runtime.tracing.start(scope["method"], scope["headers"])
         origin = self._origin(scope)
-        extra = [(b"x-request-id", info.request_id.encode())]
+        request_id = info.request_id.encode()
+        extra = [(b"x-request-id", request_id)]
+        if scope["path"].startswith(ANTHROPIC_PREFIX):
+            # The Anthropic SDKs read their request_id from this one (spec §24).
+            extra.append((b"request-id", request_id))
         if origin is not None:
             extra += [
                 (b"access-control-allow-origin", origin),
@@ -232,6 +238,10 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     return _error_response(error)
 
 
+async def _no_such_route(scope: Scope, receive: Receive, send: Send) -> None:
+    await send_error(send, GatewayError("not_found"), info_of(scope))
+
+
 async def _unexpected(request: Request, exc: Exception) -> Response:
     _log_unexpected(exc)
     return _error_response(GatewayError("internal_error"))
@@ -275,10 +285,22 @@ def create_app(loaded: Loaded, tracing: Tracing | None = None) -> GatewayApp:
         Route("/v1/evidence", _Raw(evidence_collection), methods=["GET", "POST"]),
         Route("/v1/evidence/{evidence_id}", _Raw(evidence_item), methods=["GET", "DELETE"]),
         Route("/v1/responses/{response_id}", _Raw(response_item), methods=["GET", "DELETE"]),
+        # An item takes no POST: a POST there names an action this gateway does
+        # not know (``/v1/responses/compact``), a 404 like any unknown path (§24).
+        *(
+            Route(path, _Raw(_no_such_route), methods=["POST"])
+            for path in (
+                "/v1/responses/{response_id}",
+                "/v1/evidence/{evidence_id}",
+                "/v1/models/{alias:path}",
+            )
+        ),
         Route("/v1/responses/{response_id}/cancel", _Raw(response_cancel), methods=["POST"]),
         Route(
             "/v1/responses/{response_id}/input_items", _Raw(response_input_items), methods=["GET"]
         ),
+        # Interim: the signed links of url images (spec §23), until the files API (§22).
+        Route("/v1/files/{file_id}/content", _Raw(signed_file_content), methods=["GET"]),
         Route("/livez", _Raw(livez), methods=["GET"]),
         Route("/readyz", _Raw(readyz), methods=["GET"]),
     ]

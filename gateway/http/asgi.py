@@ -80,6 +80,16 @@ async def tenant_for(scope: Scope, rt: Runtime, endpoint: str) -> Tenant:
     return tenant
 
 
+async def scraper_for(scope: Scope, rt: Runtime) -> None:
+    """Authenticate a scrape of ``/metrics`` on the callers' port (spec §24): a
+    credential with scope ``metrics`` (every tenant's totals are in it)."""
+    policies = rt.policies
+    principal = await rt.auth.authenticate(authorization_values(scope), policies)
+    tenant = policies.tenants[principal.tenant]
+    info_of(scope).tenant = tenant.name
+    authorize(principal, tenant, None, "metrics")
+
+
 async def send_error(
     send: Send, exc: GatewayError, info: RequestInfo, shape: str = "openai"
 ) -> None:
@@ -97,6 +107,7 @@ __all__ = [
     "info_of",
     "request_id_from",
     "runtime_of",
+    "scraper_for",
     "send_error",
     "send_json",
     "tenant_for",

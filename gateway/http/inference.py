@@ -93,18 +93,22 @@ class InferenceEndpoint:
             body = await read_body(
                 scope, receive, tenant.limits.max_body_bytes, rt.config.listen.body_timeout_s
             )
+            config = rt.config
             plan = self.api.plan(
                 parse_json(body, tenant.limits.max_json_depth),
                 PlanContext(
                     tenant,
                     os.urandom(8).hex(),
                     tuple(scope["headers"]),
+                    config.images,
+                    config.speech,
+                    config.server.public_base_url,
                     route_agents=rt.table.agents_for,
                     session_key=rt.services.session_key,
                 ),
             )
             call.plan = plan
-            routed = steps.resolve(call, plan)
+            routed = steps.resolve(call, plan, self.api.endpoint)
         except ClientDisconnected:
             call.exchange.disconnected = True
             return

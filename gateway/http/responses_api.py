@@ -42,9 +42,13 @@ from gateway.http.runtime import Runtime
 from gateway.types import Receive, Scope, Send
 
 
-async def _own(scope: Scope, rt: Runtime) -> tuple[str, KeptResponse]:
-    """(the tenant, its kept response the path names); 404 unless its own."""
+async def _own(scope: Scope, rt: Runtime, *, replayed: bool = False) -> tuple[str, KeptResponse]:
+    """(the tenant, its kept response the path names); 404 unless its own.
+    ``replayed``: the response object itself is asked for (``GET``), which
+    cannot be streamed (checked before the lookup)."""
     tenant = await tenant_for(scope, rt, "responses")
+    if replayed:
+        _refuse_stream(scope)
     response_id: str = scope["path_params"]["response_id"]
     kept = None
     if RESPONSE_ID.fullmatch(response_id):
@@ -59,7 +63,7 @@ async def response_item(scope: Scope, receive: Receive, send: Send) -> None:
     info = info_of(scope)
     info.endpoint = "responses"
     try:
-        tenant, kept = await _own(scope, rt)
+        tenant, kept = await _own(scope, rt, replayed=scope["method"] == "GET")
         if scope["method"] == "DELETE":
             if not await rt.responses.forget(tenant, kept.id):
                 raise GatewayError("response_not_found")  # forgotten meanwhile
@@ -88,6 +92,21 @@ async def response_input_items(scope: Scope, receive: Receive, send: Send) -> No
         await send_error(send, exc, info)
         return
     await send_json(send, 200, answer)
+
+
+STREAM_MESSAGE = (
+    "A kept response is answered whole; streaming it again is not served "
+    "(the gateway keeps the final response object, not its events)."
+)
+
+
+def _refuse_stream(scope: Scope) -> None:
+    """``?stream=true`` (the SDK's ``responses.retrieve(id, stream=True)``) would
+    replay the response's events, which are not kept (spec §24): 400 rather than
+    a JSON body the SDK would read as an empty stream."""
+    query = parse_qsl(scope.get("query_string", b"").decode("latin-1"))
+    if any(name == "stream" and value.lower() != "false" for name, value in query):
+        raise GatewayError("unsupported_field", STREAM_MESSAGE, param="stream")
 
 
 CANCEL_MESSAGE = (

@@ -12,7 +12,14 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway.config.releases import RELEASE_PREFIX
 from gateway.core.errors import GatewayError
-from gateway.http.asgi import info_of, runtime_of, send_error, send_json, tenant_for
+from gateway.http.asgi import (
+    info_of,
+    runtime_of,
+    scraper_for,
+    send_error,
+    send_json,
+    tenant_for,
+)
 from gateway.observe.exposition import exposition_of
 from gateway.types import Receive, Scope, Send
 
@@ -69,17 +76,34 @@ async def readyz(scope: Scope, receive: Receive, send: Send) -> None:
     }
     if reason is not None:
         body["reason"] = reason
-    if rt.state.calls.degraded:
-        # Shared by every replica: unready would take all of them out at once (spec §17).
-        body["degraded"] = ["state_unavailable"]
+    # Shared by every replica: unready would take all of them out at once (spec §17);
+    # a full volume refuses what needs state, not what needs none (spec §24).
+    degraded = [
+        reason
+        for reason, now in (
+            ("state_unavailable", rt.state.calls.degraded),
+            ("state_volume_full", rt.state.volume.full),
+        )
+        if now
+    ]
+    if degraded:
+        body["degraded"] = degraded
     await send_json(send, 200 if ready else 503, body)
 
 
 async def metrics(scope: Scope, receive: Receive, send: Send) -> None:
-    """The exposition, rendered off the event loop at a bounded rate
-    (``gateway/observe/exposition.py``, spec §21)."""
+    """The exposition on the callers' port, for a credential with scope
+    ``metrics`` only (spec §24; ``metrics.listen`` serves it apart, unauthenticated),
+    rendered off the event loop at a bounded rate (``gateway/observe/exposition.py``,
+    spec §21)."""
     rt = runtime_of(scope)
-    info_of(scope).endpoint = "metrics"
+    info = info_of(scope)
+    info.endpoint = "metrics"
+    try:
+        await scraper_for(scope, rt)
+    except GatewayError as exc:
+        await send_error(send, exc, info)
+        return
     payload = await exposition_of(rt.metrics.registry).render()
     await send(
         {

@@ -30,6 +30,7 @@ from gateway.auth.authenticator import Authenticator
 from gateway.auth.keys import load_key_set
 from gateway.books.anchors import start_anchors
 from gateway.books.evidence.service import EvidenceService
+from gateway.books.interim_files import InterimFiles
 from gateway.books.receipts import ReceiptWriter
 from gateway.books.responses import ResponseBook
 from gateway.books.state.factory import State, evidence_service, open_state
@@ -38,6 +39,7 @@ from gateway.config.diff import changed_keys
 from gateway.config.loader import ConfigError, Loaded, load_config, load_policies
 from gateway.config.policy import PolicySet
 from gateway.core.errors import GatewayError
+from gateway.core.signed_urls import LinkSigner
 from gateway.observe.listener import MetricsListener
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.tracing import NO_TRACING, Tracing, settings_from_env
@@ -95,6 +97,9 @@ class Runtime:
     responses: ResponseBook
     #: what one request's steps use of the above
     services: Services
+    #: ``url`` images and their signed links (spec §23)
+    image_files: InterimFiles
+    links: LinkSigner
     keys_http: httpx.AsyncClient | None = None
     draining: bool = False
     background: list[asyncio.Task[None]] = field(default_factory=list)
@@ -234,6 +239,16 @@ async def _wait_done(exchanges: list[Exchange], timeout_s: float) -> None:
         wait.cancel()
 
 
+def link_signer(config: GatewayConfig, environ: Mapping[str, str]) -> LinkSigner:
+    """The signer of ``url`` image links: the key from ``images.url_key_env``
+    (the config check requires 32 bytes), else a random one per process."""
+    images = config.images
+    key = os.urandom(32)
+    if images.url_key_env is not None:
+        key = environ.get(images.url_key_env, "").encode()
+    return LinkSigner(config.server.public_base_url, key, images.url_ttl_s)
+
+
 def tracing_from_env(environ: Mapping[str, str]) -> Tracing:
     """The OpenTelemetry tracing the standard variables ask for, if the
     ``otel`` extra is installed; otherwise none (each reason logged once)."""
@@ -299,6 +314,8 @@ async def build_runtime(loaded: Loaded, tracing: Tracing | None = None) -> Runti
         else None
     )
     readiness = Readiness(table, metrics, probe)
+    image_files = InterimFiles(config.staging.dir / "files", config.images.url_ttl_s)
+    links = link_signer(config, os.environ)
     responses = ResponseBook(
         state.responses,
         ttl_s=config.responses.ttl_s,
@@ -330,7 +347,11 @@ async def build_runtime(loaded: Loaded, tracing: Tracing | None = None) -> Runti
             state=state.calls,
             hosts=HostLookup(config.agents.hosts),
             session_key=_session_key(config, os.environ),
+            image_files=image_files,
+            links=links,
         ),
+        image_files=image_files,
+        links=links,
         keys_http=keys_http,
         tracing=tracing if tracing is not None else tracing_from_env(os.environ),
     )

@@ -101,7 +101,7 @@ class Fallback:
             permit.release()
         queued_at = now()
         with step(call.info.span, "gateway.admission", {NS + "upstream": other.worker.name}):
-            routed.permit = await permit_for(call.tenant, other.worker, plan)
+            routed.permit = await permit_for(call.tenant, other.worker, plan, self.api.endpoint)
         waited = now() - queued_at
         call.timings.admission = (call.timings.admission or 0.0) + waited
         call.receipt.queue_ms = ms(call.timings.admission)

@@ -2,7 +2,8 @@
 
 Run by the readiness poll after a route became ``loaded`` (never on a
 request's path). It is an ordinary request of the route's kind -- a
-streamed one-token chat completion, or an embedding -- read by the same
+streamed one-token chat completion, or an embedding (``probe.kind``, or the
+route's own kind ``embeddings``) -- read by the same
 dialect and relay as callers' requests, within ``probe.timeout_s``: a route
 passes only if the worker's answer passed every rule a caller's would.
 """
@@ -43,7 +44,8 @@ async def probe(worker: Worker, route: str) -> bool:
     config = worker.config
     assert config.probe is not None
     settings = config.probe
-    api, body = _request(route, settings.kind, settings.prompt, settings.max_tokens)
+    kind = "embeddings" if config.route_kinds[route] == "embeddings" else settings.kind
+    api, body = _request(route, kind, settings.prompt, settings.max_tokens)
     plan = Plan(
         endpoint=api.endpoint.name,
         alias=route,

@@ -20,8 +20,11 @@ Theory of operation:
   the terminator: what the caller may use next (a Responses id) is recorded
   first, then :meth:`Relay.end` sends it. A non-streaming caller
   (:meth:`Relay.collect`) gets nothing until the answer is complete, then
-  :meth:`Relay.reply` sends the dialect's assembled answer. The relay never
-  calls back into the pipeline; only it writes its own state.
+  :meth:`Relay.reply` sends the dialect's assembled answer (JSON, or a body
+  already in pieces: images, audio). The relay never calls back into the
+  pipeline; only it writes its own state.
+- ``on_head`` (audio answers) gets the worker's ``Content-Type`` once the
+  response is open, before any of its bytes.
 - An agentic answer (spec §22) has an :class:`Actor` (``agents.py``): every
   item is shown to it, and when it needs I/O before the next one (an
   approval's decision, a file to keep) the relay stops reading, sends what it
@@ -40,7 +43,7 @@ from typing import Any, Protocol
 
 from gateway.apis.base import Dialect
 from gateway.core.errors import GatewayError
-from gateway.core.replies import send_json
+from gateway.core.replies import Pieces, send_json, send_pieces
 from gateway.core.sse import NEED_DATA, Done, KeepAlive
 from gateway.pipeline.cancel import CallerStalled
 from gateway.pipeline.deadline import Deadline
@@ -100,6 +103,7 @@ class Relay:
         timeouts: Timeouts,
         response_headers: list[tuple[bytes, bytes]],
         abort: Callable[[], None] | None = None,
+        on_head: Callable[[bytes], None] | None = None,
         actor: Actor | None = None,
     ) -> None:
         self.dialect = dialect
@@ -108,6 +112,7 @@ class Relay:
         self.timeouts = timeouts
         self.response_headers = response_headers
         self.abort = abort
+        self.on_head = on_head
         self.state = RelayState()
         self.upstream: WorkerStream | None = None
         self._total_at = 0.0
@@ -145,8 +150,11 @@ class Relay:
         self.state.finished = self.state.completed = True
 
     async def reply(self, send: Send, answer: Any, headers: Mapping[str, str]) -> None:
-        """A collected answer as one JSON reply (non-streaming callers)."""
-        await send_json(send, 200, answer, headers)
+        """A collected answer as one reply (non-streaming callers): JSON, or its pieces."""
+        if isinstance(answer, Pieces):
+            await send_pieces(send, 200, answer, headers)
+        else:
+            await send_json(send, 200, answer, headers)
         self.state.finished = self.state.completed = True
 
     async def end_with_error(self, send: Send, exc: GatewayError, timeout_s: float) -> None:
@@ -183,6 +191,8 @@ class Relay:
             async with Deadline(first, first_check=start + self.timeouts.idle_s) as deadline:
                 # The first-event deadline covers connecting and the response head too.
                 upstream = self.upstream = await open_stream()
+                if self.on_head is not None:
+                    self.on_head(upstream.content_type)
                 async for raw in upstream:
                     hasher.update(raw)
                     source.receive_data(raw)

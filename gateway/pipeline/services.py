@@ -10,7 +10,7 @@ passes fakes of its own without a cast.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -21,6 +21,7 @@ from gateway.books.protocols import KeptResponse
 from gateway.books.receipts import Receipt
 from gateway.books.state.calls import StateCalls
 from gateway.config import StagingConfig
+from gateway.core.signed_urls import LinkSigner
 from gateway.observe.metrics import GatewayMetrics
 from gateway.pipeline.cancel import Exchange
 from gateway.pipeline.hostlookup import HostLookup
@@ -127,6 +128,15 @@ class CallerApprovals(Protocol):
     async def close(self, approval_id: str) -> None: ...
 
 
+class ImageFiles(Protocol):
+    """Where ``url`` images are kept (spec §23): the tenant file store of §22 with
+    one more freedom, the bytes in pieces (a 16 MiB image is written as it is
+    decoded, never held whole beside its base64). ``books/interim_files.py``
+    until the §22 store takes pieces too."""
+
+    async def put(self, tenant: str, data: bytes | Iterable[bytes], name: str) -> KeptFile: ...
+
+
 @dataclass(eq=False)
 class Services:
     #: route -> worker (transport, admission, identity) and the releases
@@ -151,3 +161,6 @@ class Services:
     hosts: HostLookup = field(default_factory=lambda: HostLookup({}))
     #: the key of the worker's session ids (gateway ``agents.session_key_env``)
     session_key: bytes = b""
+    #: where ``url`` images are kept, and their signed links (spec §23)
+    image_files: ImageFiles | None = None
+    links: LinkSigner | None = None

@@ -13,6 +13,7 @@ import functools
 import time
 
 from gateway.apis.base import Api
+from gateway.apis.usage import Usage
 from gateway.core.outcome import decide
 from gateway.observe.tracing import NO_SPAN, failed
 from gateway.pipeline.call import Call
@@ -62,7 +63,11 @@ def settle(call: Call, api: Api) -> None:
         receipt.finish_reason = report.finish_reason
         receipt.nul_replaced = report.nul_replaced
         receipt.upstream_id = report.upstream_id
-        receipt.usage = call.usage or usage_of(attempt.dialect, call.plan)
+        if report.media_usage is not None:
+            # Images and audio (spec §23): what was made, not tokens.
+            receipt.usage, receipt.outputs = report.media_usage, report.outputs
+        else:
+            receipt.usage = call.usage or usage_of(attempt.dialect, call.plan)
         if attempt.agent is not None:
             receipt.agent = attempt.agent.receipt()
             services.metrics.agent_rounds.observe(attempt.agent.machine.rounds)
@@ -90,8 +95,9 @@ def settle(call: Call, api: Api) -> None:
                 reached_worker=call.timings.sent_at is not None,
             )
         if routed.reservation is not None:
-            billed = receipt.usage is not None and (call.plan is None or call.plan.bills_tokens)
-            used = receipt.usage.total_tokens if billed and receipt.usage is not None else 0
+            usage = receipt.usage
+            billed = isinstance(usage, Usage) and (call.plan is None or call.plan.bills_tokens)
+            used = usage.total_tokens if billed and isinstance(usage, Usage) else 0
             services.limits.settle(routed.reservation, used)
     ended = time.monotonic()
     receipt.duration_ms = ms(ended - info.started)
@@ -134,12 +140,11 @@ def _account(call: Call, confirmation: State | None) -> None:
     services.receipts.write(receipt)
     metrics, tenant = services.metrics, receipt.tenant
     metrics.child(metrics.stream_outcomes, tenant, receipt.outcome).inc()
-    if receipt.usage is not None:
-        source = receipt.usage.source
-        metrics.child(metrics.tokens, tenant, "prompt", source).inc(receipt.usage.prompt_tokens)
-        metrics.child(metrics.tokens, tenant, "completion", source).inc(
-            receipt.usage.completion_tokens
-        )
+    usage = receipt.usage
+    if isinstance(usage, Usage):
+        source = usage.source
+        metrics.child(metrics.tokens, tenant, "prompt", source).inc(usage.prompt_tokens)
+        metrics.child(metrics.tokens, tenant, "completion", source).inc(usage.completion_tokens)
 
 
 def _record_timings(call: Call, ended: float) -> None:

@@ -7,14 +7,15 @@ paths; this is the one place that picks them.
 
 from __future__ import annotations
 
+from gateway.apis.usage import Usage
 from gateway.books.receipts import Receipt
 from gateway.observe.tracing import NS, PROVIDER, AttributeValue
 
 
 def request_attributes(receipt: Receipt, operation: str) -> dict[str, AttributeValue | None]:
     """GenAI semantic-convention attributes of one inference request, from its receipt."""
-    usage = receipt.usage
-    return {
+    usage = receipt.usage if isinstance(receipt.usage, Usage) else None
+    attributes: dict[str, AttributeValue | None] = {
         "gen_ai.operation.name": operation,
         "gen_ai.provider.name": PROVIDER,
         "gen_ai.request.model": receipt.model_alias,
@@ -30,3 +31,7 @@ def request_attributes(receipt: Receipt, operation: str) -> dict[str, AttributeV
         NS + "usage_source": usage.source if usage is not None else None,
         NS + "ttft_ms": receipt.ttft_ms,
     }
+    if isinstance(receipt.usage, dict):
+        # What an images or speech answer made (spec §23): {"images": n} or {"audio_ms": ms}.
+        attributes.update({NS + key: value for key, value in receipt.usage.items()})
+    return attributes

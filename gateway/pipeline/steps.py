@@ -6,12 +6,20 @@ prompt bytes, output tokens, media count, types and bytes, the forwarded
 body's size -- is checked from what is known before the permit; media bytes
 are read only after it, in bounded pieces (``gateway/books/evidence/encode.py``).
 No ``if endpoint == …`` here: what differs lives in the descriptor
-(``gateway/apis``).
+(``gateway/apis``): the route kinds it runs on, what its permits cost, and
+how many worker calls its plan makes (:attr:`~gateway.apis.base.Plan.calls`).
+
+Several calls (an image each, spec §23) are made one after the other: every
+call is counted against ``requests_per_minute`` before the first is sent (a
+request the tenant cannot afford is refused whole, before any work), and
+each waits for its own permit, given back before the next is asked for, so
+other tenants' requests interleave with a large ``n``. One dialect reads
+them all and the caller gets one answer.
 """
 
 from __future__ import annotations
 
-from gateway.apis.base import Api, Plan
+from gateway.apis.base import Api, Endpoint, Plan
 from gateway.apis.responses.conversation import MAX_LINKS, PARAM, expand
 from gateway.apis.usage import estimate_prompt_tokens
 from gateway.books.receipts import ReleaseMark
@@ -25,14 +33,16 @@ from gateway.pipeline.call import Call, Routed
 from gateway.pipeline.fallback import Fallback
 from gateway.pipeline.media import body_layout, lease_records, refill, stage_inline
 from gateway.pipeline.timings import ms, now
-from gateway.pipeline.worker import call_worker
+from gateway.pipeline.worker import call_worker, retire
 from gateway.ratelimit.core import TenantLimits
 
 
-def resolve(call: Call, plan: Plan) -> Routed:
+def resolve(call: Call, plan: Plan, endpoint: Endpoint) -> Routed:
     """The route's worker, once for the whole request (spec §16): a reload that
     moves the alias later does not move this request. A release's arm is the
-    cohort's: the tenant, the credential's subject, or the request id (§18)."""
+    cohort's: the tenant, the credential's subject, or the request id (§18).
+    A route of a kind the endpoint does not run on is ``model_not_capable``
+    (spec §23), before its readiness is asked."""
     receipt = call.receipt
     resolved = call.services.table.resolve(
         call.tenant.policy.models,
@@ -56,6 +66,12 @@ def resolve(call: Call, plan: Plan) -> Routed:
     receipt.stream = plan.stream
     receipt.dropped_parts = list(plan.dropped_parts)
     plan.full_usage = call.tenant.policy.usage_details == "full"
+    if resolved.kind not in endpoint.route_kinds:
+        raise GatewayError(
+            "model_not_capable",
+            f"The model cannot serve {endpoint.path} (it is a {resolved.kind} model).",
+            param="model",
+        )
     if not resolved.ready:
         # Its worker is not touched; other routes keep serving.
         raise GatewayError("upstream_not_ready")
@@ -88,40 +104,69 @@ async def run(call: Call, routed: Routed, api: Api, plan: Plan) -> None:
     check_size(body.size, worker.config.max_request_bytes)
 
     limits = tenant.limits
+    tenant_limits = TenantLimits(
+        limits.requests_per_minute,
+        limits.tokens_per_minute,
+        limits.tokens_per_day,
+        limits.max_concurrent_requests,
+    )
     began = now()
-    with step(call.info.span, "gateway.limits"):
-        routed.reservation = await services.limits.reserve(
-            tenant.name,
-            TenantLimits(
-                limits.requests_per_minute,
-                limits.tokens_per_minute,
-                limits.tokens_per_day,
-                limits.max_concurrent_requests,
-            ),
-            _reserve(plan, tenant) if plan.bills_tokens else 0,
-            # The slot must outlast the admission wait as well as the worker call.
-            wait_s=tenant.policy.admission.queue_timeout_s,
-        )
-    call.timings.limits = now() - began
-    rate_headers = routed.reservation.headers()
+    try:
+        with step(call.info.span, "gateway.limits"):
+            routed.reservation = await services.limits.reserve(
+                tenant.name,
+                tenant_limits,
+                _reserve(plan, tenant) if plan.bills_tokens else 0,
+                # The slot must outlast the admission wait as well as the worker call.
+                wait_s=tenant.policy.admission.queue_timeout_s,
+            )
+            rate_headers = routed.reservation.headers()
+            for _ in range(plan.calls - 1):
+                # Each further worker call is a request too: counted, no slot, no token.
+                more = await services.limits.reserve(
+                    tenant.name, tenant_limits, 0, concurrent=False
+                )
+                services.limits.settle(more, 0)
+                rate_headers = more.headers()
+    finally:
+        # The stage ran, refused or not (spec §20).
+        call.timings.limits = now() - began
+
+    for index in range(plan.calls):
+        if index:
+            retire(call, routed)  # the last call's worker and permit, before the next wait
+            if routed.resolved is not resolved:
+                # A release's fallback moved the request (spec §18): the rest go there too.
+                resolved = routed.resolved
+                forward = api.forward(plan, resolved.route)
+                body = body_layout(forward, plan, routed.records, staging)
+                check_size(body.size, resolved.worker.config.max_request_bytes)
+        await _admit(call, routed, api, plan)
+        if index == 0:
+            # Admitted: its write-ahead line, so a replica killed from now on leaves a trace (§24).
+            services.receipts.open(call.receipt)
+            if any(ref.source == "data" for ref in plan.media):
+                # Inline data is decoded and staged only now, after the permit.
+                began = now()
+                await stage_inline(call, routed, plan)
+                call.timings.add_media(now() - began)
+                body = refill(body, plan, routed.records, staging)
+                check_size(body.size, worker.config.max_request_bytes)
+        fallback = None if resolved.other is None else Fallback(call, routed, api, plan, forward)
+        final = index == plan.calls - 1
+        await call_worker(call, routed, api, plan, body, rate_headers, fallback, final=final)
+
+
+async def _admit(call: Call, routed: Routed, api: Api, plan: Plan) -> None:
+    """One worker call's permit (spec §7); the waits of several calls add up."""
+    worker = routed.worker
     queued_at = now()
     with step(call.info.span, "gateway.admission", {NS + "upstream": worker.name}):
-        routed.permit = await permit_for(tenant, worker, plan)
-    # Admitted: its write-ahead line, so a replica killed from now on leaves a trace (§24).
-    services.receipts.open(call.receipt)
-    waited = call.timings.admission = now() - queued_at
-    call.receipt.queue_ms = ms(waited)
-    services.metrics.admission_wait.observe(waited)
-
-    if any(ref.source == "data" for ref in plan.media):
-        # Inline data is decoded and staged only now, after the permit.
-        began = now()
-        await stage_inline(call, routed, plan)
-        call.timings.add_media(now() - began)
-        body = refill(body, plan, routed.records, staging)
-        check_size(body.size, worker.config.max_request_bytes)
-    fallback = None if resolved.other is None else Fallback(call, routed, api, plan, forward)
-    await call_worker(call, routed, api, plan, body, rate_headers, fallback)
+        routed.permit = await permit_for(call.tenant, worker, plan, api.endpoint)
+    waited = now() - queued_at
+    call.timings.admission = (call.timings.admission or 0.0) + waited
+    call.receipt.queue_ms = ms(call.timings.admission)
+    call.services.metrics.admission_wait.observe(waited)
 
 
 def _reserve(plan: Plan, tenant: Tenant) -> int:

@@ -9,15 +9,23 @@ it instead of ``[DONE]``.
 
 A release's fallback (``fallback.py``) may make a second attempt on the
 other arm when the first failed before the worker's head.
+
+A plan of several calls (spec §23) runs :func:`call_worker` once per call:
+every call but the last only collects (its dialect keeps what it checked),
+:func:`retire` lets go of the finished call's worker and permit, and the last
+call's answer is the caller's. Images asked for as ``url`` are stored as the
+tenant's files (:func:`keep_files`) before the answer names them.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
+from typing import cast
 
 import orjson
 
-from gateway.apis.base import Api, Dialect, Plan, StreamBounds
+from gateway.apis.base import Api, Dialect, HeadReader, OutputFile, Plan, StreamBounds
 from gateway.apis.responses.conversation import kept_input
 from gateway.apis.usage import Usage, public_usage
 from gateway.apis.usage import usage_of as settled_usage
@@ -48,14 +56,43 @@ async def call_worker(
     body: Layout,
     rate_headers: dict[str, str],
     fallback: Fallback | None = None,
+    *,
+    final: bool = True,
 ) -> None:
+    """One worker call of the plan (a release's fallback may make it twice);
+    ``final``: the plan's last, whose answer goes to the caller."""
+    # Earlier calls of this plan read into this dialect; the first call makes one.
+    carried = call.attempt.dialect if call.attempt is not None else None
     try:
-        await _attempt(call, routed, api, plan, body, rate_headers)
+        await _attempt(call, routed, api, plan, body, rate_headers, carried, final)
     except GatewayError as exc:
         other_body = await fallback.take(exc) if fallback is not None else None
         if other_body is None:
             raise exc from None
-        await _attempt(call, routed, api, plan, other_body, rate_headers)
+        await _attempt(call, routed, api, plan, other_body, rate_headers, carried, final)
+
+
+def retire(call: Call, routed: Routed) -> None:
+    """Between two calls of one plan: the finished call lets go of its worker
+    (response, body, live count, span) and its permit; its answer stays with
+    the dialect, and the next call's times are its own."""
+    attempt, timings = call.attempt, call.timings
+    if attempt is not None:
+        attempt.relay.close()
+        attempt.producer.close()
+        if attempt.live:
+            routed.worker.live -= 1
+            attempt.live = False
+        if attempt.producer.media_s:
+            timings.add_media(attempt.producer.media_s)
+            attempt.producer.media_s = 0.0
+        if attempt.span is not None:
+            attempt.span.end(error=None, failed=False)
+            attempt.span = None
+    permit, routed.permit = routed.permit, None
+    if permit is not None:
+        permit.release()
+    timings.sent_at = timings.head_at = None
 
 
 async def _attempt(
@@ -65,6 +102,8 @@ async def _attempt(
     plan: Plan,
     body: Layout,
     rate_headers: dict[str, str],
+    carried: Dialect | None = None,
+    final: bool = True,
 ) -> None:
     """One worker call: the relay set up for this worker, the body sent, the answer relayed."""
     services, info, worker = call.services, call.info, routed.worker
@@ -72,13 +111,17 @@ async def _attempt(
     run = None
     if agentic(plan, worker, api.endpoint.tool_loop):
         run = start_run(services, call.tenant, info.request_id, worker, plan)
-    bounds = StreamBounds(
-        framing=upstream_cfg.framing,
-        text_nul=upstream_cfg.text_nul,
-        max_prompt_tokens=prompt_token_bound(body, plan),
-        agent=run.machine if run is not None else None,
-    )
-    dialect = api.dialect(plan, bounds, collect=not plan.stream)
+    if carried is None:
+        bounds = StreamBounds(
+            framing=upstream_cfg.framing,
+            text_nul=upstream_cfg.text_nul,
+            max_prompt_tokens=prompt_token_bound(body, plan),
+            agent=run.machine if run is not None else None,
+        )
+        dialect = api.dialect(plan, bounds, collect=not plan.stream)
+    else:
+        dialect = carried
+        dialect.next_call()  # a fresh source; what earlier calls made stays
     headers = [*_SSE_HEADERS, *encode_headers(rate_headers)]
     if plan.stream:
         headers.append((b"x-usage-source", dialect.usage_source.encode()))
@@ -93,6 +136,8 @@ async def _attempt(
         response_headers=headers,
         abort=call.exchange.drop_connection,
         actor=run,
+        # An audio body's format may be in its head alone (audio/pcm;rate=…).
+        on_head=_head_reader(dialect) if api.endpoint.exchange == "audio" else None,
     )
     producer = BodyProducer(body, services.blobs)
     attempt = call.attempt = Attempt(dialect, relay, producer, agent=run)
@@ -124,6 +169,7 @@ async def _attempt(
             size=body.size,
             accept=api.endpoint.exchange,
             traceparent=traceparent,
+            rejection=api.endpoint.worker_rejection,
         )
         timings.head_at = now()
         return stream
@@ -135,12 +181,44 @@ async def _attempt(
     if plan.stream:
         await relay.end(call.send)
         return
-    usage = call.usage = usage_of(dialect, plan)
+    if not final:
+        return
+    report = dialect.report()
+    if report.media_usage is not None:
+        # Images and audio: no tokens to settle; their usage is in the answer.
+        await keep_files(call, report.files)
+        await relay.reply(call.send, dialect.answer({}), rate_headers)
+        return
+    usage = call.usage = settled_usage(
+        report.counts, report.usage, plan.prompt_bytes, report.output_estimate
+    )
     answer = dialect.answer(public_usage(usage, full=plan.full_usage))
     if run is not None:
+        assert isinstance(answer, dict)
         answer["agent"] = run.summary()
     await keep_response(call, dialect, plan)
     await relay.reply(call.send, answer, {**rate_headers, "x-usage-source": usage.source})
+
+
+def _head_reader(dialect: Dialect) -> Callable[[bytes], None]:
+    def on_head(content_type: bytes) -> None:
+        # The current call's source (a plan's later calls get fresh ones).
+        cast(HeadReader, dialect.source).receive_head(content_type)
+
+    return on_head
+
+
+async def keep_files(call: Call, files: Sequence[OutputFile]) -> None:
+    """Store the outputs a ``url`` answer links to as the tenant's files (spec
+    §23) and fill in their signed links, before the answer names them."""
+    if not files:
+        return
+    store, links = call.services.image_files, call.services.links
+    if store is None or links is None:
+        raise GatewayError("internal_error")  # the composition root always sets both
+    for output in files:
+        kept = await store.put(call.tenant.name, output.data, output.name)
+        output.url = links.link(kept.id)
 
 
 async def _relay(call: Call, relay: Relay, opener: Opener, plan: Plan) -> None:

@@ -57,7 +57,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"config: {args.config}: ok")
     capacity_of = capacities(config)
     for upstream in config.workers:
-        routes = ", ".join(upstream.served_routes)
+        routes = ", ".join(
+            route if kind == "chat" else f"{route} ({kind})"
+            for route, kind in upstream.route_kinds.items()
+        )
         capacity = capacity_of[upstream.name]
         print(
             f"upstream {upstream.name}: {upstream.base_url} capacity {capacity} "

@@ -15,7 +15,8 @@ Theory of operation:
   certificate and key load together into an ``ssl.SSLContext`` (so a key of
   another certificate is caught), the client CA bundle loads as verify
   locations, a JWKS must give keys usable under the issuer's algorithms, an
-  HS256 secret must be set in the environment.
+  HS256 secret must be set in the environment, as must the link key of
+  ``images.url_key_env`` (at least 32 bytes).
 * Nothing is created or written. A directory the server will create
   (``staging.dir``, the folders of ``audit.path`` and ``staging.catalog``)
   passes when it exists and is writable, or when its nearest existing
@@ -29,6 +30,10 @@ Theory of operation:
   would be refused at start), and a warning for ``check`` (run beside the
   running gateway, as the deploy guide does, it is that gateway's own lock).
   The lock is only tried, never created.
+* Exposure (spec §24), warnings: ``/metrics`` on the callers' port
+  (``metrics.listen`` unset: served to ``metrics`` credentials only), and
+  tenants' evidence quotas that sum past the size of the volume holding
+  ``staging.dir`` (one tenant within its quota could fill it for all).
 * A pinned worker that keeps a prefix cache (``launch.prefix_cache_n`` > 0)
   for a route more than one tenant's policy names is a warning (spec §21):
   a prefix another tenant sent shortens the time to first token, so a
@@ -66,6 +71,7 @@ from gateway.config.loader import (
 from gateway.config.policy import PolicySet
 from gateway.config.releases import RELEASE_PREFIX
 from gateway.core.digests import placeholder_reason
+from gateway.core.signed_urls import MIN_KEY_BYTES
 from gateway.ratelimit.factory import store_password
 from gateway.tools.findings import Finding as Finding
 from gateway.tools.findings import error as _error
@@ -106,6 +112,14 @@ def preflight(
             findings.append(
                 _error("state.dsn_env", f"environment variable {name} holds no postgresql:// DSN")
             )
+    name = config.images.url_key_env
+    if name is not None and len(env.get(name, "").encode()) < MIN_KEY_BYTES:
+        findings.append(
+            _error(
+                "images.url_key_env",
+                f"environment variable {name} must hold at least {MIN_KEY_BYTES} bytes",
+            )
+        )
     findings += launch_digest_warnings(config)
     findings += check_agents(config, env)
     return findings
@@ -405,6 +419,44 @@ def prefix_cache_warnings(config: GatewayConfig, policies: PolicySet) -> list[Fi
     return findings
 
 
+# ------------------------------------------------------------------- exposure
+
+
+def exposure_warnings(config: GatewayConfig, policies: PolicySet) -> list[Finding]:
+    """``/metrics`` on the callers' port; evidence quotas past the staging volume."""
+    findings = []
+    if config.metrics.listen is None:
+        findings.append(
+            _warning(
+                "metrics.listen",
+                "is unset: /metrics is served on the callers' port, to credentials with "
+                "scope metrics only (give scrapes a port of their own: metrics.listen)",
+            )
+        )
+    quotas = sum(t.policy.evidence.max_bytes for t in policies.tenants.values())
+    size = volume_bytes(Path(config.staging.dir))
+    if size is not None and quotas > size:
+        findings.append(
+            _warning(
+                "staging.dir",
+                f"the tenants' evidence quotas (evidence.max_bytes) sum to {quotas} bytes, "
+                f"more than the {size} bytes of its volume: one tenant within its quota "
+                "can fill it for every tenant",
+                Path(config.staging.dir),
+            )
+        )
+    return findings
+
+
+def volume_bytes(path: Path) -> int | None:
+    """The size of the filesystem that holds (or will hold) ``path``; None if unknown."""
+    try:
+        stat = os.statvfs(_nearest_existing(path))
+    except OSError:
+        return None
+    return stat.f_blocks * stat.f_frsize
+
+
 # ------------------------------------------------------------------- all
 
 
@@ -437,6 +489,7 @@ def load_checked(path: Path, env: Mapping[str, str], *, serving: bool = False) -
     if policies is not None:
         warnings += [str(f) for f in policy_digest_warnings(policies, config.policies_dir)]
         warnings += [str(f) for f in prefix_cache_warnings(config, policies)]
+        warnings += [str(f) for f in exposure_warnings(config, policies)]
     loaded = None
     if policies is not None and not errors:
         loaded = Loaded(config, policies, path, tuple(warnings))

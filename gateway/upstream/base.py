@@ -7,9 +7,10 @@ the real one (the lean wire pool for inference, httpx for the small
 exchanges); tests plug in small fakes of their own, with no cast.
 
 A :class:`WorkerStream` is an open worker response whose head passed the
-checks of spec §12: the de-chunked, undecoded body bytes, ``closed`` once read
-to its end (or closed), and a synchronous ``close()`` so that a request's one
-``finally`` has nothing to await.
+checks of spec §12: the de-chunked, undecoded body bytes, its ``content_type``
+(a binary body's format may live there alone: ``audio/pcm;rate=…``),
+``closed`` once read to its end (or closed), and a synchronous ``close()`` so
+that a request's one ``finally`` has nothing to await.
 """
 
 from __future__ import annotations
@@ -17,13 +18,22 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Literal, Protocol
 
-#: what the gateway asks the worker for: an SSE stream, or one JSON body
-Accept = Literal["sse", "json"]
+#: what the gateway asks the worker for: an SSE stream, one JSON body, or one
+#: audio body (``audio/wav`` or ``audio/pcm``, spec §23)
+Accept = Literal["sse", "json", "audio"]
+#: what a worker's 4xx becomes: ``upstream_rejected`` (spec §12), or
+#: ``invalid_request`` with the worker's message cut to 200 characters (spec §24)
+Rejection = Literal["classified", "relayed"]
 
 
 class WorkerStream(Protocol):
     @property
     def closed(self) -> bool: ...
+
+    @property
+    def content_type(self) -> bytes:
+        """The response's ``Content-Type`` as the worker sent it (checked for the exchange)."""
+        ...
 
     def __aiter__(self) -> AsyncIterator[bytes]: ...
 
@@ -42,6 +52,7 @@ class WorkerTransport(Protocol):
         size: int | None = None,
         accept: Accept = "sse",
         traceparent: bytes | None = None,
+        rejection: Rejection = "classified",
     ) -> WorkerStream:
         """Send one request (its body whole, or in pieces of a known total
         ``size``) and return its response once the head passed the checks; a

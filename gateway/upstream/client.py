@@ -26,7 +26,7 @@ import orjson
 
 from gateway.config import UpstreamConfig
 from gateway.core.errors import GatewayError
-from gateway.upstream.base import Accept
+from gateway.upstream.base import Accept, Rejection
 from gateway.upstream.wire import (
     WireConnectError,
     WireConnection,
@@ -35,8 +35,21 @@ from gateway.upstream.wire import (
     WireProtocolError,
 )
 
-_ACCEPT: dict[str, bytes] = {"sse": b"text/event-stream", "json": b"application/json"}
-_CONTENT_TYPES = _ACCEPT
+_ACCEPT: dict[str, bytes] = {
+    "sse": b"text/event-stream",
+    "json": b"application/json",
+    "audio": b"audio/wav, audio/pcm",
+}
+#: the media types each exchange accepts (an audio body's is compared whole)
+_CONTENT_TYPES: dict[str, tuple[bytes, ...]] = {
+    "sse": (b"text/event-stream",),
+    "json": (b"application/json",),
+    "audio": (b"audio/wav", b"audio/pcm"),
+}
+#: how much of a worker's 4xx body is read for its message (``rejection="relayed"``)
+_REJECTION_BYTES = 16_384
+#: the longest worker message a caller is shown (spec §24)
+_REJECTION_CHARS = 200
 
 
 _MAX_LISTING_BYTES = 1_048_576
@@ -71,11 +84,16 @@ class UpstreamStream:
     def __init__(self, conn: WireConnection, pool: WirePool) -> None:
         self._conn: WireConnection | None = conn
         self._pool = pool
+        self._content_type = conn.header(b"content-type") or b""
 
     @property
     def closed(self) -> bool:
         # True once the body has been read to its end (or the stream was closed).
         return self._conn is None
+
+    @property
+    def content_type(self) -> bytes:
+        return self._content_type
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         """De-chunked but undecoded bytes, exactly what the worker sent."""
@@ -169,6 +187,7 @@ class Upstream:
         size: int | None = None,
         accept: Accept = "sse",
         traceparent: bytes | None = None,
+        rejection: Rejection = "classified",
     ) -> UpstreamStream:
         """Send one request and return its checked response.
 
@@ -178,7 +197,9 @@ class Upstream:
         fails to come (``GatewayError`` from the producer) closes the connection
         before the body is complete, so the worker never runs it.
         ``traceparent`` is the gateway's own span's (hex digits and dashes from
-        the tracer, never a caller's header).
+        the tracer, never a caller's header). With ``rejection="relayed"`` a 4xx
+        is ``invalid_request`` carrying the worker's message (its first
+        :data:`_REJECTION_BYTES` bytes read, cut to :data:`_REJECTION_CHARS`).
         """
         if isinstance(body, bytes):
             size, pieces = len(body), _once(body)
@@ -223,6 +244,8 @@ class Upstream:
                 if not conn.head_done:
                     raise
             await conn.read_head()
+            if rejection == "relayed" and 400 <= conn.status < 500:
+                raise await _relayed_rejection(conn)
             _check_head(conn, request_id, accept)
         except BaseException as exc:
             conn.close()
@@ -352,6 +375,41 @@ async def _once(body: bytes) -> AsyncIterator[bytes]:
     yield body
 
 
+async def _relayed_rejection(conn: WireConnection) -> GatewayError:
+    """A worker's 4xx as the caller's 400 ``invalid_request`` with the worker's
+    message (spec §24): ``{"message": …}`` or plain text, bounded, control
+    characters dropped, cut to :data:`_REJECTION_CHARS`. The wait for the body
+    is the caller's deadline (the relay's first-event timeout)."""
+    body = bytearray()
+    while not conn.complete and len(body) < _REJECTION_BYTES:
+        data = conn.take()
+        if data is not None:
+            body += data
+            continue
+        try:
+            await conn.wait_body()
+        except WireError:
+            break  # what arrived is the message
+    body += conn.take() or b""
+    return GatewayError(
+        "invalid_request", _worker_message(bytes(body[:_REJECTION_BYTES])), outcome="upstream_error"
+    )
+
+
+def _worker_message(body: bytes) -> str:
+    text = body.decode("utf-8", "replace")
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        parsed = None
+    if isinstance(parsed, dict):
+        nested = parsed.get("error")
+        message = (nested if isinstance(nested, dict) else parsed).get("message")
+        text = message if isinstance(message, str) else ""
+    shown = "".join(c if c.isprintable() else " " for c in text).strip()[:_REJECTION_CHARS]
+    return shown or "The inference worker rejected the request."
+
+
 def _check_head(conn: WireConnection, request_id: str, accept: Accept) -> None:
     status = conn.status
     if 400 <= status < 500:
@@ -361,8 +419,12 @@ def _check_head(conn: WireConnection, request_id: str, accept: Accept) -> None:
     if status != 200:
         # Redirects are never followed: the worker has no reason to send one.
         raise GatewayError("upstream_protocol_error")
-    content_type = conn.header(b"content-type") or b""
-    if not content_type.lower().startswith(_CONTENT_TYPES[accept]):
+    content_type = (conn.header(b"content-type") or b"").lower()
+    if accept == "audio":
+        # The whole media type: audio/wave or audio/pcmx is not what was asked for.
+        if content_type.split(b";", 1)[0].strip() not in _CONTENT_TYPES[accept]:
+            raise GatewayError("upstream_protocol_error")
+    elif not content_type.startswith(_CONTENT_TYPES[accept]):
         raise GatewayError("upstream_protocol_error")
     if (conn.header(b"content-encoding") or b"identity").strip().lower() != b"identity":
         raise GatewayError("upstream_protocol_error")

@@ -58,6 +58,17 @@ release (docs/deploy.md). The top-level (auto) model options are used, not a
 ``text``/``multimodal`` subcommand, because only auto and multimodal accept
 ``--max-num-images``/``--max-edge``.
 
+Route kinds (spec §23): a route of kind ``speech`` or ``image`` is served by
+``mistralrs serve speech …`` / ``mistralrs serve diffusion …``. The server and
+runtime flags (``--host``, ``--port``, ``--no-ui``, ``--access-log-format``,
+``--max-seqs``, ``--prefix-cache-n``) come before the subcommand, where clap
+reads them as ``serve``'s; after it only what those model types take:
+``-m``, ``--max-seq-len``, ``--max-batch-size`` and ``--cpu`` (their options are
+the model source and the device; no format, paged attention or multimodal
+flags). The kind is part of the identity (``"kind"`` beside the launch object)
+for these two only, so every chat and embeddings launch keeps the identity it
+had before kinds.
+
 Devices: ``cpu`` → ``--cpu`` (forces CPU even on an accelerated build);
 ``cuda`` and ``metal`` → no flag. mistral.rs picks its accelerator from the
 features it was compiled with, so the device is really chosen by the pinned
@@ -71,7 +82,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.config import GatewayConfig, LaunchConfig, RouteAgents
+from gateway.config import GatewayConfig, LaunchConfig, RouteAgents, RouteKind, UpstreamConfig
 
 BINARY = "mistralrs"
 LOOPBACK = "127.0.0.1"
@@ -116,6 +127,8 @@ _FORBIDDEN_PREFIXES = (
 #: the only short flags this module emits; any other short flag (``-l``…) is refused
 _SHORT_FLAGS = frozenset({"-m", "-f"})
 _COMMANDS = ("serve", "from-config")
+#: the ``serve`` subcommand of a route kind that needs one (spec §23)
+SUBCOMMANDS: dict[str, str] = {"speech": "speech", "image": "diffusion"}
 
 
 class UnsafeLaunchError(ValueError):
@@ -145,19 +158,26 @@ class LaunchPlan:
 DEFAULT_CONFIG_PATH = "/etc/mistralrs/models.toml"
 
 
-def launch_dict(launch: LaunchConfig, agents: RouteAgents | None = None) -> dict[str, Any]:
+def launch_dict(
+    launch: LaunchConfig, agents: RouteAgents | None = None, kind: RouteKind = "chat"
+) -> dict[str, Any]:
     out = launch.model_dump(mode="json", exclude_none=True)
     if agents is not None:
         # What the worker runs is part of what it is: a route with agents has
         # another identity than the same launch without (and none changes
         # for a route without).
         out["agents"] = agents.model_dump(mode="json", exclude_none=True)
+    if kind in SUBCOMMANDS:
+        # Another program is served: another identity (chat and embeddings keep theirs).
+        out["kind"] = kind
     return out
 
 
-def serve_identity(launch: LaunchConfig, agents: RouteAgents | None = None) -> str:
+def serve_identity(
+    launch: LaunchConfig, agents: RouteAgents | None = None, kind: RouteKind = "chat"
+) -> str:
     canonical = json.dumps(
-        launch_dict(launch, agents), sort_keys=True, separators=(",", ":"), ensure_ascii=True
+        launch_dict(launch, agents, kind), sort_keys=True, separators=(",", ":"), ensure_ascii=True
     )
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
@@ -175,6 +195,14 @@ def agent_flags(agents: RouteAgents | None) -> list[str]:
     return flags
 
 
+def launch_kind(upstream: UpstreamConfig) -> RouteKind:
+    """The kind a worker's launch serves: its one route's (a multi-model launch
+    serves chat and embeddings routes only, which ``from-config`` detects)."""
+    if upstream.launch is None or upstream.launch.models is not None:
+        return "chat"
+    return upstream.route_kinds[upstream.launch.model_dirs[0]]
+
+
 def _check_version(launch: LaunchConfig) -> tuple[int, int, int]:
     # Numeric: 0.10.0 > 0.9.2 (the config only admits MAJOR.MINOR.PATCH).
     version = launch.version_tuple()
@@ -187,10 +215,14 @@ def _check_version(launch: LaunchConfig) -> tuple[int, int, int]:
     return version
 
 
-def build_argv(launch: LaunchConfig, agents: RouteAgents | None = None) -> list[str]:
+def build_argv(
+    launch: LaunchConfig, agents: RouteAgents | None = None, kind: RouteKind = "chat"
+) -> list[str]:
     if launch.models is not None:
         if agents is not None:
             raise UnsafeLaunchError("agents need a one-model launch (`mistralrs serve`)")
+        if kind in SUBCOMMANDS:
+            raise UnsafeLaunchError("speech and image routes need a one-model launch")
         _check_version(launch)
         argv = [BINARY, "from-config", "-f", launch.config_path or DEFAULT_CONFIG_PATH]
         check_argv(argv)
@@ -200,6 +232,14 @@ def build_argv(launch: LaunchConfig, agents: RouteAgents | None = None) -> list[
     argv = [BINARY, "serve", "--host", LOOPBACK, "--port", str(launch.port), "--no-ui"]
     if version >= JSON_ACCESS_LOG_SINCE:
         argv += ["--access-log-format", "json"]
+    subcommand = SUBCOMMANDS.get(kind)
+    if subcommand is not None:
+        if agents is not None:
+            raise UnsafeLaunchError("agents need a chat route, not a speech or image one")
+        # extra_args after the model type's flags: where clap reads that model's options.
+        argv += _model_type_argv(launch, subcommand) + (launch.extra_args or [])
+        check_argv(argv)
+        return argv
     argv += ["-m", launch.model_dir, "--format", launch.format]
     if launch.quantized_file is not None:
         # gguf/ggml: -m is the directory, -f the file inside it (findings §9).
@@ -225,6 +265,29 @@ def build_argv(launch: LaunchConfig, agents: RouteAgents | None = None) -> list[
     argv += launch.extra_args or []
     argv += agent_flags(agents)
     check_argv(argv, agents)
+    return argv
+
+
+def _model_type_argv(launch: LaunchConfig, subcommand: str) -> list[str]:
+    """``serve``'s runtime flags, then ``speech``/``diffusion`` and their model's."""
+    assert launch.model_dir is not None
+    if launch.format != "plain":
+        raise UnsafeLaunchError(f"`serve {subcommand}` takes a plain model")
+    argv = [
+        "--max-seqs",
+        str(launch.max_seqs),
+        "--prefix-cache-n",
+        str(launch.prefix_cache_n),
+        subcommand,
+        "-m",
+        launch.model_dir,
+        "--max-seq-len",
+        str(launch.max_seq_len),
+        "--max-batch-size",
+        str(launch.max_batch_size),
+    ]
+    if launch.device == "cpu":
+        argv.append("--cpu")
     return argv
 
 
@@ -337,11 +400,13 @@ def check_argv(argv: list[str], agents: RouteAgents | None = None) -> None:
         raise UnsafeLaunchError("the worker argv must pass --no-ui")
 
 
-def build_plan(launch: LaunchConfig, agents: RouteAgents | None = None) -> LaunchPlan:
+def build_plan(
+    launch: LaunchConfig, agents: RouteAgents | None = None, kind: RouteKind = "chat"
+) -> LaunchPlan:
     return LaunchPlan(
-        argv=build_argv(launch, agents),
-        serve_identity=serve_identity(launch, agents),
-        launch=launch_dict(launch, agents),
+        argv=build_argv(launch, agents, kind),
+        serve_identity=serve_identity(launch, agents, kind),
+        launch=launch_dict(launch, agents, kind),
         from_config_toml=from_config_toml(launch) if launch.models is not None else None,
     )
 
@@ -353,9 +418,9 @@ def launch_plan_json(config: GatewayConfig) -> dict[str, Any]:
         launch = config.upstream.launch
         if launch is None:
             raise ValueError("upstream.launch is not configured")
-        return build_plan(launch, config.upstream.agents).to_json()
+        return build_plan(launch, config.upstream.agents, launch_kind(config.upstream)).to_json()
     plans = {
-        u.name: build_plan(u.launch, u.agents).to_json()
+        u.name: build_plan(u.launch, u.agents, launch_kind(u)).to_json()
         for u in config.workers
         if u.launch is not None
     }

@@ -4,7 +4,9 @@ A route is ready while the last poll of its worker found it listed exactly
 once as ``loaded`` and, with ``probe`` configured, a one-token request for it
 has passed the full stream validator since it last became ``loaded``
 (:mod:`gateway.pipeline.probe`; run by the poll, never on a request's path,
-bounded by ``probe.timeout_s``). Anything else is not ready, with a reason:
+bounded by ``probe.timeout_s``). Speech and image routes are never probed
+(spec §23: an image or a voice is no cheap check): the listing alone decides.
+Anything else is not ready, with a reason:
 
 ======================  ===================================================
 ``connection_refused``  the worker did not accept the connection
@@ -34,6 +36,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.config import PROBED_KINDS
 from gateway.observe.metrics import GatewayMetrics
 from gateway.upstream.client import ListingError
 from gateway.upstream.table import RouteTable, Worker
@@ -125,7 +128,8 @@ class Readiness:
                 continue
             status, reason, created = classify(listing, route)
             state = self.routes[route]
-            if reason is None and config.probe is not None and self._probe is not None:
+            probed = config.probe is not None and config.route_kinds[route] in PROBED_KINDS
+            if reason is None and probed and self._probe is not None:
                 if not state.probed:
                     # Once per transition to loaded: the first request must not find
                     # a loaded route that cannot answer.

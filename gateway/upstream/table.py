@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.admission import Admission, AdmissionGroup
-from gateway.config import GatewayConfig, UpstreamConfig
+from gateway.config import GatewayConfig, RouteKind, UpstreamConfig
 from gateway.config.agents import RouteAgents
 from gateway.upstream.base import WorkerTransport
 from gateway.upstream.client import Upstream
 from gateway.upstream.confirm import MAX_METRICS_BYTES, CancelConfirmer
-from gateway.upstream.launch import serve_identity
+from gateway.upstream.launch import launch_kind, serve_identity
 from gateway.upstream.releases import CANARY, STABLE, Release, Releases, other_arm
 
 
@@ -66,6 +66,8 @@ class Resolved:
     release: str | None = None
     arm: str | None = None
     other: Resolved | None = None
+    #: what the route's model serves (spec §23; a release's arms share one kind)
+    kind: RouteKind = "chat"
 
 
 class RouteTable:
@@ -75,6 +77,7 @@ class RouteTable:
         self.workers = {w.name: w for w in workers}
         self.admissions = admissions
         self._by_route = {route: w for w in workers for route in w.config.served_routes}
+        self._kinds = {r: kind for w in workers for r, kind in w.config.route_kinds.items()}
         #: the configured releases; the runtime replaces it with one wired to the store
         self.releases = releases if releases is not None else Releases()
 
@@ -84,14 +87,15 @@ class RouteTable:
         for upstream in config.workers:
             admission = admissions[upstream.name]
             launch = upstream.launch
+            identity = (
+                serve_identity(launch, upstream.agents, launch_kind(upstream)) if launch else None
+            )
             workers.append(
                 Worker(
                     config=upstream,
                     client=Upstream(upstream, pool_size=admission.capacity + 8),
                     admission=admission,
-                    serve_identity=(
-                        serve_identity(launch, upstream.agents) if launch is not None else None
-                    ),
+                    serve_identity=identity,
                 )
             )
         return cls(workers, admissions)
@@ -145,8 +149,8 @@ class RouteTable:
         if route is None:
             return None
         worker = self._by_route.get(route)
-        if worker is not None:  # a plain route: no more work than one lookup
-            return Resolved(alias, route, worker, readiness.ready(route))
+        if worker is not None:  # a plain route: no more work than two lookups
+            return Resolved(alias, route, worker, readiness.ready(route), kind=self._kinds[route])
         release = self.releases.for_route(route)
         if release is None:
             return None
@@ -172,8 +176,14 @@ class RouteTable:
                 other_ready,
                 config.name,
                 other_arm(arm),
+                kind=self._kinds[other_route],
             )
-        return Resolved(alias, route, self._by_route[route], ready, config.name, arm, other)
+        kind = self._kinds[route]
+        return Resolved(alias, route, self._by_route[route], ready, config.name, arm, other, kind)
+
+    def kind(self, route: str) -> RouteKind:
+        """What a configured route serves (spec §23)."""
+        return self._kinds[route]
 
     def confirm_cancels(
         self,

@@ -316,7 +316,8 @@ def test_item_ids_name_the_announced_items(name: str) -> None:
             assert data["logprobs"] == []
             assert data["item_id"].startswith("msg_")
         if event_name and event_name.startswith("response.function_call_arguments"):
-            assert data["item_id"].startswith("fc_") and data["call_id"].startswith("call-")
+            # the gateway's ids (spec §24): the worker's call id is call-<uuid>
+            assert data["item_id"].startswith("fc_") and data["call_id"].startswith("call_")
     assert named_events
 
 
@@ -434,9 +435,12 @@ def test_reasoning_events_and_the_reasoning_string() -> None:
     for _, data in events:
         _strict_event(data)
     by_name = {name: data for name, data in events}
-    assert by_name["response.output_text.delta"]["item_id"] == "msg_2"
-    assert by_name["response.reasoning_text.delta"]["item_id"] == "rs_1"
     final = by_name["response.completed"]["response"]
+    # The gateway's ids (spec §24), the same in the events and in the final output.
+    reasoning_id, message_id = (item["id"] for item in final["output"])
+    assert by_name["response.output_text.delta"]["item_id"] == message_id != "msg_2"
+    assert by_name["response.reasoning_text.delta"]["item_id"] == reasoning_id != "rs_1"
+    assert message_id.startswith("msg_") and reasoning_id.startswith("rs_")
     assert "reasoning" not in final, "a string is not OpenAI's reasoning config"
     assert final["output"][0]["content"] == [{"type": "reasoning_text", "text": "hmm"}]
     collected = ResponsesDialect(

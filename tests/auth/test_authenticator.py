@@ -41,7 +41,7 @@ def verify_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         calls.append(token)
         return verify(token, routed, now)
 
-    monkeypatch.setattr("gateway.auth.verify", counting)
+    monkeypatch.setattr("gateway.auth.authenticator.verify", counting)
     return calls
 
 

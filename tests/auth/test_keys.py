@@ -240,7 +240,7 @@ async def test_own_client_when_none_injected(
 
     config = auth_config(url_issuer(URL))
     auth = Authenticator(load_key_set(config, {}), clock=clock)
-    monkeypatch.setattr("gateway.auth.httpx.AsyncClient", factory)
+    monkeypatch.setattr("gateway.auth.authenticator.httpx.AsyncClient", factory)
     await _auth_ok(auth, policies, sign_rs256(make_claims(now=clock.now)))
     assert len(made) == 1
     await auth.aclose()

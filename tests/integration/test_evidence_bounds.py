@@ -8,6 +8,7 @@ catalog and the worker saw, never on timing.
 
 from __future__ import annotations
 
+import base64
 import os
 import threading
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from pathlib import Path
 import httpx
 
 from gateway.books.state.sqlite.catalog import Catalog
+from tests.support import pixels
 from tests.support.evidence import (
     BASE_LIMITS,
     PNG,
@@ -220,6 +222,93 @@ def test_delete_succeeds_on_a_full_staging_volume(tmp_path: Path) -> None:
             assert upload(stack, WAV, "audio/wav").status_code == 201
 
 
+def test_a_full_volume_is_state_unavailable_for_every_writer(tmp_path: Path) -> None:
+    """One tenant fills the shared volume within its quota (spec §24): its upload,
+    the other tenant's upload and a kept Response are 503 state_unavailable, never
+    500; /readyz stays 200 and says state_volume_full until a write succeeds."""
+    endpoints = ["chat.completions", "responses", "models", "evidence"]
+    with small_fs(tmp_path / "vol", 4096) as vol:
+        staging = {"dir": str(vol / "evidence"), "catalog": str(vol / "catalog.sqlite3")}
+        with running_stack(
+            tmp_path / "gw",
+            staging=staging,
+            acme={"endpoints": endpoints, "evidence": {"max_bytes": 1 << 30}},
+            globex={"endpoints": endpoints},
+        ) as stack:
+            assert "degraded" not in httpx.get(f"{stack.url}/readyz").json()
+            statuses = []
+            for _ in range(64):  # bounded: 4 MiB hold fewer than 32 of these
+                response = upload(stack, big_png(128 * 1024), "image/png")
+                statuses.append(response.status_code)
+                if response.status_code != 201:
+                    break
+            assert statuses[0] == 201 and statuses[-1] == 503, statuses
+            assert response.json()["error"]["code"] == "state_unavailable"
+            fill(vol)  # the last free blocks, as the next upload would take them
+
+            other = upload(stack, WAV, "audio/wav", tenant="globex")
+            assert other.status_code == 503 and error_code(other) == "state_unavailable"
+            with stack.client(stack.rs256("globex")) as client:
+                kept = client.post(
+                    "/v1/responses",
+                    # an answer larger than any room the catalog's journal already has
+                    json={"model": "gemma-4-mm", "input": "[[sim chunks=200 pad=2048]] hi"},
+                    timeout=30,
+                )
+            assert kept.status_code == 503 and error_code(kept) == "state_unavailable", kept.text
+            assert stack.receipt(kept.headers["x-request-id"])["error_code"] == "state_unavailable"
+
+            ready = httpx.get(f"{stack.url}/readyz")
+            assert ready.status_code == 200
+            assert ready.json()["degraded"] == ["state_volume_full"]
+            assert stack.sim.requests()  # what needs no state is still served:
+            with stack.client() as client:
+                assert client.post("/v1/chat/completions", json=chat_body()).status_code == 200
+
+            free(vol)
+            # Room again, but the volume is only known to be fine once a write succeeds.
+            assert httpx.get(f"{stack.url}/readyz").json()["degraded"] == ["state_volume_full"]
+            assert upload(stack, WAV, "audio/wav", tenant="globex").status_code == 201
+            assert "degraded" not in httpx.get(f"{stack.url}/readyz").json()
+
+
+def test_state_and_evidence_files_are_never_world_readable(tmp_path: Path) -> None:
+    """Evidence 0440, state files 0600 (spec §24): the catalog holds kept prompts."""
+    endpoints = ["chat.completions", "responses", "models", "evidence"]
+    with running_stack(tmp_path, acme={"endpoints": endpoints}) as stack:
+        record = staged(stack, PNG, "image/png")
+        with stack.client() as client:
+            kept = client.post("/v1/responses", json={"model": "gemma-4-mm", "input": "secret"})
+        assert kept.status_code == 200
+        staging = stack.runtime.config.staging
+        catalog = Path(staging.catalog)
+        evidence = Path(staging.dir) / f"{record['sha256']}.png"
+        assert evidence.stat().st_mode & 0o777 == 0o440
+        state_files = [p for p in catalog.parent.iterdir() if p.name.startswith(catalog.name)]
+        assert {p.name for p in state_files} >= {
+            catalog.name,
+            catalog.name + "-wal",
+            catalog.name + "-shm",
+            catalog.name + ".reserve",
+        }
+        for path in state_files:
+            assert path.stat().st_mode & 0o777 == 0o600, path.name
+        for path in Path(staging.dir).iterdir():
+            assert path.stat().st_mode & 0o007 == 0, path.name
+        assert Path(staging.dir).stat().st_mode & 0o007 == 0
+
+
+def test_an_older_catalog_left_readable_is_tightened_at_start(tmp_path: Path) -> None:
+    catalog = tmp_path / "var" / "catalog.sqlite3"
+    with running_stack(tmp_path):
+        pass
+    for path in (catalog, catalog.with_name(catalog.name + "-wal")):
+        if path.exists():
+            path.chmod(0o644)
+    with running_stack(tmp_path):
+        assert catalog.stat().st_mode & 0o777 == 0o600
+
+
 # -- media read only after admission ----------------------------------------------
 
 
@@ -297,3 +386,44 @@ def test_a_file_changed_on_disk_never_reaches_the_worker_whole(stack: Stack) -> 
     receipt = stack.receipt(response.headers["x-request-id"])
     assert receipt["request_sha256"] is None and receipt["error_code"] == "storage_error"
     assert no_leases(stack)
+
+
+# -- pixels, not only bytes (spec §24) ------------------------------------------
+
+
+def test_pixel_bombs_are_refused_before_they_are_kept_or_forwarded(tmp_path: Path) -> None:
+    acme = {"media": {"caller_urls": "reject", "inline_data": "stage"}}
+    staging = {**STAGING, "max_image_side": 4096, "max_image_pixels": 4_000_000}
+    with running_stack(tmp_path, acme=acme, staging=staging) as stack:
+        bomb = pixels.png_bomb()  # 60000 x 60000 declared, a few tens of KB sent
+        for data, media_type in (
+            (bomb, "image/png"),
+            (pixels.jpeg(4097, 10, app_bytes=100_000), "image/jpeg"),
+            (pixels.webp_vp8x(2001, 2000), "image/webp"),  # under the side, over the pixels
+            (pixels.mp4(640, 480, coded=(8192, 8192)), "video/mp4"),
+        ):
+            refused = upload(stack, data, media_type)
+            assert refused.status_code == 400, media_type
+            assert error_code(refused) == "media_limit_exceeded"
+            assert "pixels" in refused.json()["error"]["message"]
+        assert files_in(stack) == set() and records_of(stack) == 0
+        # At the bounds it is served.
+        for data, media_type in (
+            (pixels.png(4096, 976), "image/png"),
+            (pixels.gif(2000, 2000), "image/gif"),
+            (pixels.mp4(1920, 1080), "video/mp4"),
+        ):
+            assert upload(stack, data, media_type).status_code == 201, media_type
+
+        # Inline data staged after admission: the same bound, and the worker sees nothing.
+        inline = "data:image/png;base64," + base64.b64encode(bomb).decode()
+        response = chat(stack, multimodal(media_part("image", inline)))
+        assert response.status_code == 400 and error_code(response) == "media_limit_exceeded"
+        assert worker_posts(stack.sim) == []
+        assert no_leases(stack)
+
+
+def test_the_default_bounds_take_a_large_photo_and_refuse_the_bomb(stack: Stack) -> None:
+    assert upload(stack, pixels.jpeg(8000, 5000), "image/jpeg").status_code == 201
+    bomb = upload(stack, pixels.png_bomb(), "image/png")
+    assert bomb.status_code == 400 and error_code(bomb) == "media_limit_exceeded"

@@ -20,7 +20,7 @@ from gateway.testing.harness import default_policy, write_config
 from gateway.testing.simulator import Simulator
 from tests.support.process import REPO, Served, serve, serving
 from tests.support.redis import RedisServer
-from tests.support.stack import issuers
+from tests.support.stack import issuers, metrics_headers
 
 DSN_ENV = "GATEWAY_STATE_DSN"
 ALIAS = "chat-model"
@@ -69,7 +69,7 @@ def _configs(root: Path, old: Simulator, new: Simulator, redis: RedisServer) -> 
 
 def _percent(replica: Served) -> float | None:
     try:
-        text = httpx.get(replica.url + "/metrics", timeout=5).text
+        text = httpx.get(replica.url + "/metrics", headers=metrics_headers(), timeout=5).text
     except httpx.HTTPError:
         return None
     for family in text_string_to_metric_families(text):

@@ -21,6 +21,7 @@ from tests.support.evidence import PNG, WAV, sha
 from tests.support.fleet import Fleet, fleet, tenant, until
 from tests.support.postgres import PostgresServer
 from tests.support.redis import RedisServer
+from tests.support.stack import metrics_headers
 
 ALIAS = "gemma-4-mm"
 #: a stream that stays before its first event until its caller goes away
@@ -220,7 +221,7 @@ async def test_a_chat_that_names_no_evidence_makes_no_state_call(
 def _state_calls(replica: Any) -> float:
     """Every state call the replica made so far, whatever its operation."""
     with httpx.Client(base_url=replica.url, timeout=5) as client:
-        text = client.get("/metrics").text
+        text = client.get("/metrics", headers=metrics_headers()).text
     return sum(
         sample.value
         for family in text_string_to_metric_families(text)

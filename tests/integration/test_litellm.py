@@ -81,7 +81,7 @@ def test_a_function_call_item(litellm: Any, stack: Stack) -> None:
     response = responses(litellm, stack, input="weather? [[sim tool_call=1]]", tools=TOOLS)
     calls = [item for item in response.output if isinstance(item, ResponseFunctionToolCall)]
     assert [(c.name, c.arguments) for c in calls] == [("lookup", '{"q":1}')]
-    assert calls[0].call_id.startswith("call-")
+    assert calls[0].call_id.startswith("call_")  # the gateway's (spec §24), not call-<uuid>
     assert calls[0].id is not None and calls[0].id.startswith("fc_")
 
 

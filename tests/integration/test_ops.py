@@ -8,6 +8,7 @@ harness's ``upstream.readiness_poll_s``); every readiness change must show on
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from hashlib import sha256
 from pathlib import Path
 
 import httpx
@@ -17,7 +18,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.testing.harness import SIM_ROUTE
 from gateway.testing.simulator import Simulator
 from tests.support.poll import eventually
-from tests.support.stack import Stack, chat_body, running_stack, sse_data, worker_posts
+from tests.support.stack import (
+    API_KEY,
+    API_KEY_SHA,
+    Stack,
+    chat_body,
+    metrics_headers,
+    running_stack,
+    sse_data,
+    worker_posts,
+)
 
 POLL_S = 0.2
 #: two poll intervals, plus a little for the poll itself and thread scheduling
@@ -47,7 +57,7 @@ def ops_stack(tmp_path: Path, _dev_secret: None) -> Iterator[Stack]:
 
 
 def samples(client: httpx.Client) -> list[Sample]:
-    response = client.get("/metrics")
+    response = client.get("/metrics", headers=metrics_headers())
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
     return [
@@ -206,7 +216,7 @@ def test_tenant_labels_come_only_from_config(ops_stack: Stack) -> None:
         assert unconfigured.json()["error"]["code"] == "tenant_not_configured"
         served = client.post("/v1/chat/completions", json=chat_body(), headers=stack.headers())
         assert served.status_code == 200
-        text = client.get("/metrics").text
+        text = client.get("/metrics", headers=metrics_headers()).text
         found = samples(client)
     unauthenticated = {"tenant": "-", "endpoint": "chat.completions", "status": "401"}
     assert sample_value(found, "gateway_requests_total", **unauthenticated) == 1.0
@@ -221,3 +231,35 @@ def test_tenant_labels_come_only_from_config(ops_stack: Stack) -> None:
     tenants = {labels["tenant"] for _, labels, _ in found if "tenant" in labels}
     assert tenants <= {"acme", "globex", "-"}
     assert "acme" in tenants
+
+
+# -- /metrics on the callers' port (spec §24) ----------------------------------------
+
+SCRAPER_KEY = "sk-test-acme-scraper-000000000000000000000"
+
+
+def test_metrics_on_the_callers_port_need_the_metrics_scope(tmp_path: Path) -> None:
+    scraper = {"name": "scraper", "sha256": sha256(SCRAPER_KEY.encode()).hexdigest()}
+    keys = [
+        {"name": "nightly", "sha256": API_KEY_SHA},  # no scopes listed: inference, evidence
+        {**scraper, "scopes": ["metrics"]},
+    ]
+    with running_stack(tmp_path, acme={"api_keys": keys}) as stack, stack.client() as client:
+        missing = httpx.get(f"{stack.url}/metrics", timeout=5)
+        assert missing.status_code == 401
+        assert missing.json()["error"]["code"] == "missing_credentials"
+        assert "gateway_requests_total" not in missing.text
+        for token in (stack.rs256(), API_KEY):  # inference and evidence only
+            refused = client.get("/metrics", headers={"authorization": f"Bearer {token}"})
+            assert refused.status_code == 403
+            assert refused.json()["error"]["code"] == "insufficient_scope"
+        for token in (stack.rs256(scope="metrics"), SCRAPER_KEY):
+            scraped = client.get("/metrics", headers={"authorization": f"Bearer {token}"})
+            assert scraped.status_code == 200 and "gateway_requests_total" in scraped.text
+        # The scraper's key is for scraping only.
+        chat = client.post(
+            "/v1/chat/completions",
+            json=chat_body(),
+            headers={"authorization": f"Bearer {SCRAPER_KEY}"},
+        )
+        assert chat.status_code == 403 and chat.json()["error"]["code"] == "insufficient_scope"

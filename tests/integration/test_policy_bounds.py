@@ -140,12 +140,9 @@ def test_harmless_fields_are_accepted_and_not_forwarded(small_prompts: Stack) ->
         assert name not in sent
     assert sent["stream_options"] == {"include_usage": True}
     assert sent["user"] == "end-user-7", "user is forwarded"
-    # The SDK's null extras are dropped; null tool_calls is the worker's own field.
-    assert sent["messages"][1] == {
-        "role": "assistant",
-        "content": "earlier answer",
-        "tool_calls": None,
-    }
+    # The SDK's null extras are dropped, and a null tool_calls too: a null is
+    # the field's absence (spec §24).
+    assert sent["messages"][1] == {"role": "assistant", "content": "earlier answer"}
     refused = _refusal(small_prompts, chat_body("hi", messages=[{**assistant, "refusal": "no"}]))
     assert (refused["code"], refused["param"]) == ("unsupported_field", "messages[0].refusal")
 

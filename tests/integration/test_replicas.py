@@ -69,9 +69,9 @@ async def _all_ready(replicas: list[Served]) -> None:
     )
 
 
-def _metric(replica: Served, name: str, **labels: str) -> float:
+def _metric(replica: Served, name: str, /, scrape_as: str = "acme", **labels: str) -> float:
     with httpx.Client(base_url=replica.url) as client:
-        return metric(client, name, **labels)
+        return metric(client, name, scrape_as=scrape_as, **labels)
 
 
 async def _receipts(replicas: list[Served], count: int) -> list[dict[str, object]]:
@@ -587,6 +587,7 @@ async def test_the_widest_tenant_names_never_share_limits(
                     name: _metric(
                         replica,
                         "gateway_requests_total",
+                        scrape_as=WIDE_TENANTS[0],
                         tenant=name,
                         endpoint="chat.completions",
                         status="200",

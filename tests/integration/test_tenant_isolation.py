@@ -5,6 +5,7 @@ everything."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,9 +13,9 @@ import pytest
 
 from gateway.testing.harness import DEMO_SECRET_ENV
 from tests.support.jwt import HS_SECRET
-from tests.support.stack import Stack, chat_body, running_stack, sse_data
+from tests.support.stack import Stack, chat_body, running_stack, sse_data, worker_posts
 
-ENDPOINTS = ["chat.completions", "completions", "responses", "messages", "models"]
+ENDPOINTS = ["chat.completions", "completions", "responses", "messages", "embeddings", "models"]
 COUNTS = {"prompt_tokens", "completion_tokens", "total_tokens"}
 TIMINGS = {"avg_tok_per_sec", "total_time_sec", "total_prompt_time_sec"}
 
@@ -85,6 +86,23 @@ def test_usage_is_the_counts_unless_the_policy_says_full(stack: Stack) -> None:
     assert set(answer["usage"]) == COUNTS
 
 
+def test_embeddings_usage_is_the_counts_unless_the_policy_says_full(stack: Stack) -> None:
+    """The worker's cached-token count stays in the receipt (spec §21, §24)."""
+    body = {"model": "gemma-4-mm", "input": "[[sim extras=true]] some text"}
+    with stack.client(stack.rs256("acme")) as client:
+        acme = client.post("/v1/embeddings", json=body)
+    assert acme.status_code == 200
+    assert acme.json()["usage"] == {
+        "prompt_tokens": acme.json()["usage"]["prompt_tokens"],
+        "total_tokens": acme.json()["usage"]["prompt_tokens"],
+    }
+    receipt = stack.receipt(acme.headers["x-request-id"])
+    assert receipt["usage"]["prompt_tokens"] == acme.json()["usage"]["prompt_tokens"]
+    with stack.client(stack.rs256("globex")) as client:
+        globex = client.post("/v1/embeddings", json=body).json()
+    assert globex["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+
+
 def test_responses_ids_and_usage(stack: Stack) -> None:
     sdk = stack.sdk(stack.rs256("acme"))
     created = sdk.responses.create(model="gemma-4-mm", input="[[sim chunks=2]] hi")
@@ -98,3 +116,90 @@ def test_responses_ids_and_usage(stack: Stack) -> None:
     fetched = sdk.responses.retrieve(created.id)
     assert fetched.id == created.id
     sdk.responses.delete(created.id)
+
+
+# -- inner ids (spec §24) ------------------------------------------------------------
+
+TOOL: Any = {
+    "type": "function",
+    "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}},
+}
+CALL_ID = re.compile(r"call_[0-9a-f]{24}")
+
+
+def _last_worker_body(stack: Stack, path: str) -> dict[str, Any]:
+    [*_, seen] = [p for p in worker_posts(stack.sim) if p.path == path]
+    assert isinstance(seen.json, dict)
+    return seen.json
+
+
+def test_chat_tool_call_ids_are_the_gateways_and_come_back_as_they_are(stack: Stack) -> None:
+    sdk = stack.sdk(stack.rs256("acme"))
+    messages: list[Any] = [{"role": "user", "content": "[[sim tool_call=true]] look it up"}]
+    first = sdk.chat.completions.create(model="gemma-4-mm", messages=messages, tools=[TOOL])
+    [call] = first.choices[0].message.tool_calls or []
+    assert CALL_ID.fullmatch(call.id), call.id  # the simulator's are call-<counter uuid>
+    streamed: Any = sdk.chat.completions.create(
+        model="gemma-4-mm", messages=messages, tools=[TOOL], stream=True
+    )
+    ids = {c.id for chunk in streamed for c in (chunk.choices[0].delta.tool_calls or []) if c.id}
+    assert len(ids) == 1 and CALL_ID.fullmatch(ids.pop() or "")
+    # The caller's tool result names the gateway's id, and reaches the worker as it is.
+    messages += [
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "42"},
+    ]
+    sdk.chat.completions.create(model="gemma-4-mm", messages=messages, tools=[TOOL])
+    sent = _last_worker_body(stack, "/v1/chat/completions")["messages"]
+    assert sent[1]["tool_calls"][0]["id"] == sent[2]["tool_call_id"] == call.id
+
+
+def test_responses_inner_ids_are_the_gateways_through_a_follow_up(stack: Stack) -> None:
+    sdk = stack.sdk(stack.rs256("acme"))
+    tool: Any = {"type": "function", "name": "lookup", "parameters": {"type": "object"}}
+    first = sdk.responses.create(
+        model="gemma-4-mm", input="[[sim tool_call=true]] look it up", tools=[tool]
+    )
+    [call] = [item for item in first.output if item.type == "function_call"]
+    assert re.fullmatch(r"fc_[0-9a-f]{24}", call.id or "") and CALL_ID.fullmatch(call.call_id)
+    kept = sdk.responses.retrieve(first.id)
+    assert [item.id for item in kept.output] == [item.id for item in first.output]
+    follow = sdk.responses.create(
+        model="gemma-4-mm",
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "42"}],
+        tools=[tool],
+    )
+    assert follow.status == "completed"
+    items = _last_worker_body(stack, "/v1/responses")["input"]
+    calls = [
+        i["call_id"] for i in items if i.get("type") in ("function_call", "function_call_output")
+    ]
+    assert calls == [call.call_id, call.call_id]  # the kept call and the caller's output
+
+
+def test_anthropic_tool_use_ids_are_the_gateways_and_come_back_as_they_are(stack: Stack) -> None:
+    import anthropic
+
+    tools: Any = [{"name": "lookup", "input_schema": {"type": "object"}}]
+    with anthropic.Anthropic(
+        base_url=stack.url, api_key=stack.rs256("acme"), max_retries=0, timeout=10
+    ) as client:
+        question: Any = {"role": "user", "content": "[[sim tool_call=true]] look it up"}
+        first = client.messages.create(
+            model="gemma-4-mm", max_tokens=64, tools=tools, messages=[question]
+        )
+        [use] = [b for b in first.content if b.type == "tool_use"]
+        assert re.fullmatch(r"toolu_[0-9a-f]{24}", use.id)
+        result: Any = {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "42"}],
+        }
+        client.messages.create(
+            model="gemma-4-mm",
+            max_tokens=64,
+            tools=tools,
+            messages=[question, {"role": "assistant", "content": first.content}, result],
+        )
+    sent = _last_worker_body(stack, "/v1/chat/completions")["messages"]
+    assert sent[1]["tool_calls"][0]["id"] == sent[2]["tool_call_id"] == use.id

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.observe.exposition import MIN_INTERVAL_S, Exposition, exposition_of
 from gateway.observe.listener import MetricsListener
-from tests.support.stack import Stack, chat_body, running_stack
+from tests.support.stack import Stack, chat_body, metrics_headers, running_stack
 
 
 class _Probe:
@@ -199,4 +199,4 @@ def test_the_main_listener_renders_at_a_bounded_rate(tmp_path: Path, _dev_secret
 
 
 def _scrape(stack: Stack) -> httpx.Response:
-    return httpx.get(f"{stack.url}/metrics", timeout=10)
+    return httpx.get(f"{stack.url}/metrics", headers=metrics_headers(), timeout=10)

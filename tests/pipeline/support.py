@@ -4,8 +4,10 @@ a caller's ASGI ``send`` that records (and can stop reading), a chat plan."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from gateway.config import GatewayConfig, LimitsConfig, StagingConfig
 from gateway.config.policy import Modality, PolicyLimits, Tenant, TenantPolicy, resolve_limits
 from gateway.core.body import Layout
 from gateway.core.errors import GatewayError
+from gateway.core.signed_urls import LinkSigner
 from gateway.observe.access import RequestInfo
 from gateway.observe.metrics import GatewayMetrics
 from gateway.pipeline.call import Attempt, Call, Routed
@@ -31,7 +34,7 @@ from gateway.pipeline.timings import Timings
 from gateway.ratelimit.base import Hold
 from gateway.ratelimit.core import TenantLimits
 from gateway.types import Message
-from gateway.upstream.base import Accept, WorkerStream
+from gateway.upstream.base import Accept, Rejection, WorkerStream
 from gateway.upstream.table import Resolved, RouteReadiness, RouteTable, Worker
 
 SSE_DIR = Path(__file__).resolve().parents[2] / "fixtures" / "sse"
@@ -53,8 +56,15 @@ class FakeUpstream:
     read in order; without :meth:`finish` (or ``end=True``) the next read waits
     forever, like a worker that went silent."""
 
-    def __init__(self, pieces: Iterable[bytes] = (), *, end: bool = True) -> None:
+    def __init__(
+        self,
+        pieces: Iterable[bytes] = (),
+        *,
+        end: bool = True,
+        content_type: bytes = b"text/event-stream",
+    ) -> None:
         self._queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
+        self.content_type = content_type
         self.closed = False
         self.close_calls = 0
         self.reads = 0
@@ -282,7 +292,43 @@ def make_services(
         metrics=GatewayMetrics(),
         staging=config.staging if config is not None else StagingConfig(),
         blobs=no_blobs(),
+        image_files=FakeFiles(),
+        links=LinkSigner("https://gw.test", LINK_KEY, 3600),
     )
+
+
+#: the link key of the fake services (32 bytes)
+LINK_KEY = b"k" * 32
+
+
+@dataclass(frozen=True)
+class FakeFile:
+    id: str
+    tenant: str
+    data: bytes
+    name: str
+    mime_type: str = "image/png"
+
+    @property
+    def bytes(self) -> int:
+        return len(self.data)
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+
+class FakeFiles:
+    """Tenant files in memory (``TenantFiles``): what was stored, in order."""
+
+    def __init__(self) -> None:
+        self.stored: list[FakeFile] = []
+
+    async def put(self, tenant: str, data: bytes | Iterable[bytes], name: str) -> FakeFile:
+        whole = data if isinstance(data, bytes) else b"".join(data)
+        stored = FakeFile(f"file_fake{len(self.stored):08d}", tenant, whole, name)
+        self.stored.append(stored)
+        return stored
 
 
 class AllReady:
@@ -355,7 +401,7 @@ async def run_steps(call: Call) -> None:
     from gateway.pipeline import steps
 
     assert call.plan is not None
-    routed = steps.resolve(call, call.plan)
+    routed = steps.resolve(call, call.plan, ChatApi.endpoint)
     async with asyncio.timeout(5):
         await steps.run(call, routed, ChatApi(), call.plan)
 
@@ -374,6 +420,7 @@ class FakeTransport:
         size: int | None = None,
         accept: Accept = "sse",
         traceparent: bytes | None = None,
+        rejection: Rejection = "classified",
     ) -> WorkerStream:
         raise NotImplementedError
 

@@ -21,7 +21,7 @@ from gateway.pipeline.call import Call
 from gateway.pipeline.services import Services
 from gateway.pipeline.settle import settle
 from gateway.ratelimit.memory import MemoryLimitsStore
-from gateway.upstream.base import Accept, WorkerStream
+from gateway.upstream.base import Accept, Rejection, WorkerStream
 from gateway.upstream.releases import Releases
 from gateway.upstream.table import RouteTable, capacities
 from tests.pipeline.support import (
@@ -62,6 +62,7 @@ class _Client(FakeTransport):
         size: int | None = None,
         accept: Accept = "sse",
         traceparent: bytes | None = None,
+        rejection: Rejection = "classified",
     ) -> WorkerStream:
         self.bodies.append(orjson.loads(await read_body(body)))
         if self.error is not None:

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.apis.base import MediaRef, Report, StreamBounds
+from gateway.apis.base import MediaRef, OneCall, Report, StreamBounds
 from gateway.apis.chat.api import ChatApi
 from gateway.apis.usage import Usage
 from gateway.core.errors import GatewayError
@@ -98,7 +98,7 @@ async def test_a_complete_stream_is_accounted_for_whole() -> None:
     assert (receipt.outcome, receipt.error_code) == ("complete", None)
     assert receipt.finish_reason == "stop" and receipt.nul_replaced == 0
     assert receipt.stream_sha256 == hashlib.sha256(VALID).hexdigest()
-    assert receipt.usage is not None
+    assert isinstance(receipt.usage, Usage)
     assert (receipt.usage.prompt_tokens, receipt.usage.completion_tokens) == (9, 12)
     assert receipt.usage.source == "reported"
     assert receipt.ttft_ms is not None and receipt.ttft_ms >= 0
@@ -241,7 +241,7 @@ async def test_finish_gives_everything_back_even_when_the_books_fail() -> None:
 # -- keep_response and usage_of ----------------------------------------------
 
 
-class _ReportingDialect:
+class _ReportingDialect(OneCall):
     """A dialect whose report is given (the Responses dialect's id and final object)."""
 
     has_content = True

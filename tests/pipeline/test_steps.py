@@ -26,7 +26,7 @@ from gateway.pipeline.call import Call
 from gateway.pipeline.services import Services
 from gateway.pipeline.settle import settle
 from gateway.ratelimit.memory import MemoryLimitsStore
-from gateway.upstream.base import Accept, WorkerStream
+from gateway.upstream.base import Accept, Rejection, WorkerStream
 from gateway.upstream.table import RouteTable, capacities
 from tests.pipeline.support import (
     ALIAS,
@@ -83,6 +83,7 @@ class _Worker(FakeTransport):
         size: int | None = None,
         accept: Accept = "sse",
         traceparent: bytes | None = None,
+        rejection: Rejection = "classified",
     ) -> WorkerStream:
         self.body = await read_body(body)
         self.calls.append({"path": path, "request_id": request_id, "size": size, "accept": accept})
@@ -138,6 +139,7 @@ async def rig() -> AsyncIterator[_Rig]:
 
 
 _run = run_steps
+CHAT = ChatApi.endpoint
 
 
 # -- resolve -----------------------------------------------------------------------
@@ -147,7 +149,7 @@ async def test_resolve_fills_the_receipt_and_holds_the_worker(rig: _Rig) -> None
     plan = chat_plan(max_tokens=33)
     plan.dropped_parts = [2]
     call, _ = rig.call(plan)
-    routed = steps.resolve(call, plan)
+    routed = steps.resolve(call, plan, CHAT)
     assert call.routed is routed and routed.worker is rig.worker
     receipt = call.receipt
     assert (receipt.model_alias, receipt.route, receipt.upstream) == (ALIAS, ROUTE, "default")
@@ -160,7 +162,7 @@ async def test_resolve_copies_the_dropped_parts(rig: _Rig) -> None:
     plan = chat_plan()
     plan.dropped_parts = [1]
     call, _ = rig.call(plan)
-    steps.resolve(call, plan)
+    steps.resolve(call, plan, CHAT)
     plan.dropped_parts.append(5)
     assert call.receipt.dropped_parts == [1]
 
@@ -170,7 +172,7 @@ async def test_a_route_not_ready_is_refused_after_the_receipt_is_filled(rig: _Ri
     call, _ = rig.call(chat_plan(stream=False))
     assert call.plan is not None
     with pytest.raises(GatewayError) as caught:
-        steps.resolve(call, call.plan)
+        steps.resolve(call, call.plan, CHAT)
     assert (caught.value.code, caught.value.status) == ("upstream_not_ready", 503)
     # The receipt still says where the request would have gone.
     assert (call.receipt.route, call.receipt.upstream, call.receipt.stream) == (
@@ -330,7 +332,7 @@ def _follow_up(previous: str) -> Plan:
 
 async def _run_responses(call: Call) -> None:
     assert call.plan is not None
-    routed = steps.resolve(call, call.plan)
+    routed = steps.resolve(call, call.plan, RESPONSES.endpoint)
     async with asyncio.timeout(5):
         await steps.run(call, routed, RESPONSES, call.plan)
 

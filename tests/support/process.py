@@ -28,7 +28,7 @@ from gateway.config.loader import load_config
 from gateway.testing.harness import DEMO_SECRET_ENV, SIM_ROUTE
 from gateway.testing.simulator import Simulator
 from tests.support.jwt import HS_SECRET
-from tests.support.stack import DEV_ISSUER
+from tests.support.stack import DEV_ISSUER, metrics_headers
 
 REPO = Path(__file__).resolve().parents[2]
 _LISTENING = re.compile(r"^mistralrs-gateway listening on (https?)://127\.0\.0\.1:(\d+)$")
@@ -164,8 +164,10 @@ def wait_ready(client: httpx.Client, timeout_s: float = 5) -> None:
     wait_until(lambda: client.get("/readyz").status_code == 200, timeout_s, "/readyz 200")
 
 
-def metric(client: httpx.Client, name: str, **labels: str) -> float:
-    text = client.get("/metrics").text
+def metric(client: httpx.Client, name: str, /, scrape_as: str = "acme", **labels: str) -> float:
+    """The sample's value (0 if absent), scraped with a ``metrics`` credential of
+    tenant ``scrape_as`` (one the gateway knows)."""
+    text = client.get("/metrics", headers=metrics_headers(scrape_as)).text
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == name and dict(sample.labels) == labels:

@@ -26,7 +26,15 @@ from gateway.testing.harness import (
     write_config,
 )
 from gateway.testing.simulator import SimRequest, Simulator
-from tests.support.jwt import AUDIENCE, HS_SECRET, ISSUER, JWKS_PATH, make_claims, sign_rs256
+from tests.support.jwt import (
+    AUDIENCE,
+    HS_SECRET,
+    ISSUER,
+    JWKS_PATH,
+    make_claims,
+    sign_hs256,
+    sign_rs256,
+)
 
 API_KEY = "sk-test-acme-nightly-batch-0000000000000000"
 API_KEY_SHA = hashlib.sha256(API_KEY.encode()).hexdigest()
@@ -49,6 +57,16 @@ def issuers() -> list[dict[str, Any]]:
             "hs256_secret_env": DEMO_SECRET_ENV,
         },
     ]
+
+
+def metrics_headers(tenant: str = "acme") -> dict[str, str]:
+    """A scraper's credential for ``/metrics`` on the callers' port (spec §24): a
+    token with scope ``metrics`` only, from the development HS256 issuer (its
+    secret is the test session's), so that it outlives a test's RS256 key rotation."""
+    claims = make_claims(
+        iss=DEV_ISSUER, aud="mistralrs-gateway", tenant=tenant, scope="metrics", sub="scraper"
+    )
+    return {"authorization": f"Bearer {sign_hs256(claims)}"}
 
 
 def policies(globex: dict[str, Any] | None = None, **acme: Any) -> dict[str, dict[str, Any]]:
@@ -159,19 +177,24 @@ def running_stack(
     server_options: dict[str, Any] | None = None,
     more_upstreams: list[dict[str, Any]] | None = None,
     tracing: Tracing | None = None,
+    kinds: dict[str, str] | None = None,
     **sections: Any,
 ) -> Iterator[Stack]:
     """The simulator behind a gateway. ``more_upstreams`` adds workers (spec §16):
-    the simulator is then the upstream named ``default`` among them."""
+    the simulator is then the upstream named ``default`` among them. ``kinds``
+    adds routes of other kinds (spec §23: route -> kind) beside its chat route,
+    served by the same simulator."""
     from gateway.testing.harness import SIM_ROUTE
 
-    sim = Simulator(model_id=SIM_ROUTE, **(sim_options or {}))
+    extra = list((kinds or {}).items())
+    sim = Simulator(model_ids=[SIM_ROUTE, *extra], **(sim_options or {}))
     sim.start()
     try:
-        if more_upstreams:
-            default = {"name": "default", "base_url": sim.base_url, "routes": [SIM_ROUTE]}
+        if more_upstreams or extra:
+            routes = [SIM_ROUTE, *({"route": r, "kind": k} for r, k in extra)]
+            default = {"name": "default", "base_url": sim.base_url, "routes": routes}
             default.update(sections.pop("upstream", {}))
-            sections["upstreams"] = [default, *more_upstreams]
+            sections["upstreams"] = [default, *(more_upstreams or [])]
         config = write_config(
             directory,
             upstream_port=sim.port,

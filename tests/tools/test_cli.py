@@ -23,6 +23,18 @@ def test_check_summarises_every_tenant(capsys: pytest.CaptureFixture[str]) -> No
     assert "max_output_tokens=512" in out
 
 
+def test_check_names_each_routes_kind(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    shutil.copytree(FIXTURES.parent / "keys", tmp_path / "keys")
+    config = (FIXTURES / "gateway.yaml").read_text().replace("../../policies", "../policies")
+    route = "/srv/mosaic-models/b30e5a82b8aa61ebb10bf9e1f432983776af141dcabe19cb431a6e8572e1a139"
+    config = config.replace(f"route: {route}", f"route: {{route: {route}, kind: speech}}")
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "gateway.yaml").write_text(config)
+    shutil.copytree(FIXTURES.parents[1] / "policies", tmp_path / "policies")
+    assert main(["check", "--config", str(tmp_path / "cfg" / "gateway.yaml")]) == 0
+    assert f"routes [{route} (speech)]" in capsys.readouterr().out
+
+
 def test_check_lists_every_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "--config", str(FIXTURES / "broken.yaml")]) == 1
     err = capsys.readouterr().err

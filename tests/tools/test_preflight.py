@@ -202,6 +202,16 @@ def test_hs256_secret_must_be_set_and_is_never_shown(tmp_path: Path) -> None:
     assert short not in str(findings[0])
 
 
+def test_the_image_link_key_must_be_set_long_and_is_never_shown(tmp_path: Path) -> None:
+    config = _config(tmp_path, images={"url_key_env": "LINK_KEY"})
+    short = "k" * 31
+    for env in ({}, {"LINK_KEY": short}):
+        findings = _findings(config, env={**ENV, **env})
+        assert [(f.key, f.level) for f in findings] == [("images.url_key_env", "error")]
+        assert "32 bytes" in findings[0].problem and short not in str(findings[0])
+    assert _findings(config, env={**ENV, "LINK_KEY": "k" * 32}) == []
+
+
 def test_directories_must_be_usable(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
@@ -672,3 +682,41 @@ def test_check_prints_the_state_backend_replica_limits_store_and_every_release(
     assert "cohort=tenant" in lines["release next"] and "min_requests=7" in lines["release next"]
     assert lines["audit"].startswith("audit: ")
     assert "hunter" not in out and "db.internal" not in out
+
+
+# -- exposure (spec §24) -------------------------------------------------------------
+
+
+def _check_lines(config: Path, capsys: pytest.CaptureFixture[str], key: str) -> list[str]:
+    assert main(["check", "--config", str(config)]) == 0  # warnings, never fatal
+    return [line for line in capsys.readouterr().out.splitlines() if f"warning: {key}:" in line]
+
+
+def test_check_warns_that_metrics_share_the_callers_port(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    [line] = _check_lines(_config(tmp_path / "shared"), capsys, "metrics.listen")
+    assert "callers' port" in line and "scope metrics" in line
+    apart = {"path": "/metrics", "listen": {"host": "127.0.0.1", "port": 9464}}
+    assert _check_lines(_config(tmp_path / "apart", metrics=apart), capsys, "metrics.listen") == []
+
+
+def test_check_warns_when_evidence_quotas_exceed_the_staging_volume(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def config(name: str, quota: int) -> Path:
+        policy = default_policy("acme", evidence={"max_bytes": quota})
+        return write_config(
+            tmp_path / name,
+            upstream_port=1234,
+            policies={
+                "acme": policy,
+                "globex": default_policy("globex", evidence=policy["evidence"]),
+            },
+            issuers=issuers(),
+        )
+
+    # No volume holds two exbibytes; every volume holds two bytes.
+    [line] = _check_lines(config("over", 1 << 60), capsys, "staging.dir")
+    assert f"sum to {2 << 60} bytes" in line and "fill it for every tenant" in line
+    assert _check_lines(config("under", 1), capsys, "staging.dir") == []

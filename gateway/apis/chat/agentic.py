@@ -28,7 +28,7 @@ from gateway.apis.agents.frames import tool_call_frame
 from gateway.apis.agents.request import AgentContext, AgentRequest
 from gateway.apis.agents.stream import AgentStream
 from gateway.apis.agents.wire import ToolCalling, ToolComplete
-from gateway.apis.base import Dialect, Plan, PlanContext, Report, Source, resolve_alias
+from gateway.apis.base import Dialect, OneCall, Plan, PlanContext, Report, Source, resolve_alias
 from gateway.apis.chat.grammar import Chunk, ChunkGrammar, StreamRules
 from gateway.core.errors import GatewayError
 from gateway.core.sse import StreamValidator
@@ -118,7 +118,7 @@ def agent_source(rules: StreamRules, machine: AgentEvents) -> AgentChunkValidato
     return AgentChunkValidator(rules, machine)
 
 
-class AgentDialect:
+class AgentDialect(OneCall):
     """The endpoint's dialect with the agentic events beside it; see the module docstring."""
 
     def __init__(self, inner: Dialect, plan: Plan, *, collect: bool) -> None:
@@ -166,6 +166,7 @@ class AgentDialect:
 
     def answer(self, usage: dict[str, Any]) -> dict[str, Any]:
         answer = self.inner.answer(usage)
+        assert isinstance(answer, dict)  # chat and Messages answer JSON
         answer.pop("session_id", None)
         if self.caller_session is not None:
             answer["session_id"] = self.caller_session

@@ -43,7 +43,6 @@ from gateway.apis.fields import (
     json_size,
     list_of,
     null_only,
-    nullable,
     obj,
     string,
     text_size,
@@ -60,7 +59,7 @@ MEDIA_PARTS: dict[str, Literal["image", "audio", "video"]] = {
 }
 
 _FUNCTION = obj(
-    {"name": string, "description": string, "parameters": any_json, "strict": nullable(boolean)},
+    {"name": string, "description": string, "parameters": any_json, "strict": boolean},
     required=("name",),
 )
 #: a function tool as chat completions send it (Responses takes this shape too)
@@ -101,7 +100,7 @@ _RESPONSE_FORMAT = obj(
                 "name": string,
                 "description": string,
                 "schema": any_json,
-                "strict": nullable(boolean),
+                "strict": boolean,
             }
         ),
     },
@@ -147,9 +146,9 @@ _MESSAGE = obj(
         "role": enum(*ROLES),
         "content": _content,
         "name": string,
-        "tool_calls": nullable(list_of(_TOOL_CALL)),
+        "tool_calls": list_of(_TOOL_CALL),
         "tool_call_id": string,
-        "reasoning_content": nullable(string),
+        "reasoning_content": string,
         # what an SDK's message.model_dump() adds to an assistant turn (spec §14)
         "refusal": null_only,
         "annotations": null_only,
@@ -157,6 +156,8 @@ _MESSAGE = obj(
         "function_call": null_only,
     },
     required=("role",),
+    # an assistant turn's null content beside its tool calls, as OpenAI shows it
+    keep_null=("content",),
 )
 
 FIELDS: dict[str, Spec] = {
@@ -219,7 +220,7 @@ class ChatApi:
             if name in clean:
                 prompt += json_size(clean[name])
         prompt += compiled_bytes(clean)
-        check_prompt(prompt, tenant)
+        check_prompt(prompt, tenant, "messages")
         plan.prompt_bytes = prompt
         plan.turns = len(clean["messages"])
         check_count(plan, tenant, "messages")

@@ -6,6 +6,11 @@
 non-streaming caller, collects them into the answer the worker would have
 given non-streamed (``chunk_answer``).
 
+Ids are the gateway's (``apis/ids.py``): the answer's, and every tool call's
+(``call_`` and 96 random bits, ``toolu_`` for the Messages dialect that
+shows these chunks; one replacement per worker id within the answer),
+swapped in the chunk before it is framed or collected.
+
 Usage: chat's worker reports it on the terminal chunk; the completions
 worker never does (reference §3.5), so a completion's usage is counted from
 the content chunks received (``usage.count_output_tokens``) and, when the
@@ -17,12 +22,11 @@ created and model, the estimated usage, right before ``data: [DONE]`` (the
 
 from __future__ import annotations
 
-import os
 from typing import Any, Literal
 
 import orjson
 
-from gateway.apis.base import Plan, Report, StreamBounds
+from gateway.apis.base import OneCall, Plan, Report, StreamBounds
 from gateway.apis.chat.agentic import ChunkSource, agent_source
 from gateway.apis.chat.answer import RUST_WHITESPACE, CollectedAnswer, answer_logprob
 from gateway.apis.chat.grammar import (
@@ -32,6 +36,7 @@ from gateway.apis.chat.grammar import (
     StreamRules,
     StreamState,
 )
+from gateway.apis.ids import InnerIds, gateway_id
 from gateway.apis.usage import (
     count_output_tokens,
     counts_only,
@@ -53,7 +58,7 @@ __all__ = [
 ]
 
 
-class ChunkDialect:
+class ChunkDialect(OneCall):
     """One chat or completion answer, for a streaming or a non-streaming caller."""
 
     terminal_frame = DONE_FRAME
@@ -65,6 +70,7 @@ class ChunkDialect:
         bounds: StreamBounds,
         *,
         collect: bool,
+        call_prefix: str = "call_",
     ) -> None:
         framing = bounds.framing
         agent = bounds.agent
@@ -96,7 +102,10 @@ class ChunkDialect:
         self.usage_source = "reported" if kind == "chat" else "estimated"
         self.alias = plan.alias
         # The gateway's own id (spec §21): the worker's counts its requests.
-        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + os.urandom(12).hex()
+        self.id = gateway_id("chatcmpl-" if kind == "chat" else "cmpl-")
+        #: the worker's tool call ids -> the gateway's (made with the first call)
+        self.inner: InnerIds | None = None
+        self.call_prefix = call_prefix
         self.full_usage = plan.full_usage
         self.include_usage = plan.include_usage
         self.max_tokens = plan.max_tokens
@@ -118,8 +127,19 @@ class ChunkDialect:
             self.has_content = True
         if chunk.text:
             self.content_chunks += 1
+        if chunk.tool_calls is not None:
+            self._own_call_ids(chunk.tool_calls)
         if self.collect:
             self.collected.note(chunk)
+
+    def _own_call_ids(self, calls: Any) -> None:
+        """The worker's tool call ids in this chunk, the gateway's from now on."""
+        if isinstance(calls, list):
+            inner = self.inner
+            if inner is None:
+                inner = self.inner = InnerIds()
+            for call in calls:
+                inner.swap_key(call, "id", self.call_prefix)
 
     def on_item(self, chunk: Chunk) -> bytes | None:
         self.observe(chunk)

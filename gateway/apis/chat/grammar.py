@@ -98,6 +98,9 @@ class Chunk:
     text: str
     finish_reason: str | None
     usage: dict[str, Any] | None
+    #: the chat delta's ``tool_calls`` as the worker sent them (unchecked), if any:
+    #: what the dialect gives the gateway's ids (``apis/ids.py``)
+    tool_calls: Any = None
 
 
 class StreamState(enum.Enum):
@@ -114,6 +117,7 @@ class ChunkGrammar:
 
     def __init__(self, rules: StreamRules) -> None:
         self._rules = rules
+        self._chat = rules.kind == "chat"
         self._object = "chat.completion.chunk" if rules.kind == "chat" else "text_completion"
         self._finish_reasons = frozenset(
             ("stop", "length", "tool_calls") if rules.tools_requested else ("stop", "length")
@@ -215,14 +219,16 @@ class ChunkGrammar:
         if self.state is StreamState.FINISHED:
             raise violation("Upstream sent a chunk after the finish_reason.")
         text = self._take_text(choice)
+        # a dict once _take_text passed a chat chunk
+        calls = choice["delta"].get("tool_calls") if self._chat else None
         finish = choice.get("finish_reason")
         if finish is None:
             if usage is not None:
                 raise violation("Upstream sent usage before the finish_reason.")
             self.state = StreamState.STREAMING
-            return Chunk(obj, text, None, None)
+            return Chunk(obj, text, None, None, calls)
         self._on_finish(finish, usage)
-        return Chunk(obj, text, finish, usage)
+        return Chunk(obj, text, finish, usage, calls)
 
     def _on_usage_only(self, obj: dict[str, Any], usage: dict[str, Any] | None) -> Chunk:
         # OpenAI's include_usage form: the finish chunk had usage null and one

@@ -51,6 +51,7 @@ import orjson
 from gateway.apis.base import (
     Dialect,
     Endpoint,
+    OneCall,
     Plan,
     PlanContext,
     Report,
@@ -84,6 +85,7 @@ from gateway.apis.fields import (
     text_size,
     unsupported,
 )
+from gateway.apis.usage import counts_only
 from gateway.core.errors import GatewayError
 from gateway.core.replies import Spliced
 from gateway.core.sse import NEED_DATA, Done, NeedData, violation
@@ -138,6 +140,8 @@ class EmbeddingsApi:
         operation="embeddings",
         media_param="input",
         exchange="json",
+        # A chat route also embeds: every config before route kinds did (spec §23 deviation).
+        route_kinds=frozenset({"embeddings", "chat"}),
     )
 
     def plan(self, body: Any, ctx: PlanContext) -> Plan:
@@ -283,7 +287,7 @@ class EmbeddingsBody(JsonBody):
         return answer
 
 
-class EmbeddingsDialect:
+class EmbeddingsDialect(OneCall):
     """The worker's embeddings JSON, checked (module docstring), alias put back."""
 
     terminal_frame = b""
@@ -291,6 +295,7 @@ class EmbeddingsDialect:
 
     def __init__(self, plan: Plan, bounds: StreamBounds) -> None:
         self.alias = plan.alias
+        self.full_usage = plan.full_usage
         self.max_prompt_tokens = bounds.max_prompt_tokens
         self.expected = len(inputs_of(plan.body["input"]))
         self.base64 = plan.body.get("encoding_format") == "base64"
@@ -354,6 +359,9 @@ class EmbeddingsDialect:
         for key, value in answer.fields:
             out[key] = orjson.Fragment(data) if value is _DATA else value
         out["model"] = self.alias
+        if not self.full_usage:
+            # The counts only (spec §21): cache hits tell of other tenants' prompts.
+            out["usage"] = counts_only(usage)
         return out
 
     def _width(self, view: memoryview, start: int, end: int) -> int:

@@ -353,6 +353,7 @@ def plan_message(body: Any, ctx: PlanContext, endpoint: str, *, counting: bool) 
         clean["system"] = [{"type": "text", "text": b["text"]} for b in system]
         for block in system:
             planner.text(block["text"])
+    system_bytes = planner.prompt
     for mi, message in enumerate(clean["messages"]):
         where = child(item("messages", mi), "content")
         content = message["content"]
@@ -366,7 +367,8 @@ def plan_message(body: Any, ctx: PlanContext, endpoint: str, *, counting: bool) 
             clean[name] = _without_cache(clean[name])
             prompt += json_size(clean[name])
     prompt += compiled_bytes(clean)
-    check_prompt(prompt, tenant)
+    # The refusal names what to shorten: the system prompt when it is most of it.
+    check_prompt(prompt, tenant, "system" if system_bytes * 2 > prompt else "messages")
     if planner.has_text:
         require_text_modality(tenant, "messages")
     plan.prompt_bytes = prompt

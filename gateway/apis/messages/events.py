@@ -22,16 +22,16 @@ The answer is what the worker's own non-streamed ``/v1/messages`` builds:
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable
 from typing import Any
 
 import orjson
 
-from gateway.apis.base import Plan, Report, StreamBounds
+from gateway.apis.base import OneCall, Plan, Report, StreamBounds
 from gateway.apis.chat.dialect import ChunkDialect
 from gateway.apis.chat.grammar import Chunk
 from gateway.apis.embeddings.api import JsonBody
+from gateway.apis.ids import gateway_id
 from gateway.core.errors import GatewayError
 from gateway.core.sse import violation
 
@@ -56,7 +56,7 @@ def event(name: str, data: dict[str, Any]) -> bytes:
 
 def message_id() -> str:
     """The gateway's own id (spec §21): random per request, never the worker's."""
-    return "msg_" + os.urandom(12).hex()
+    return gateway_id("msg_")
 
 
 def tool_input(arguments: str) -> Any:
@@ -67,7 +67,7 @@ def tool_input(arguments: str) -> Any:
     return parsed if isinstance(parsed, dict) else {"arguments": arguments}
 
 
-class MessagesDialect:
+class MessagesDialect(OneCall):
     """One chat answer from the worker, for an Anthropic caller."""
 
     def __init__(self, plan: Plan, bounds: StreamBounds, *, collect: bool) -> None:
@@ -75,8 +75,13 @@ class MessagesDialect:
         # non-streaming caller's answer); this one only shows it the Anthropic way.
         # Chat's answer cuts at chat's ``stop``: give it the message's stop_sequences.
         stops = {"stop": plan.body.get("stop_sequences") or []}
+        # Its tool calls' ids are the gateway's as Anthropic spells them (spec §24).
         self.chat = ChunkDialect(
-            "chat", dataclasses.replace(plan, body=stops), bounds, collect=collect
+            "chat",
+            dataclasses.replace(plan, body=stops),
+            bounds,
+            collect=collect,
+            call_prefix="toolu_",
         )
         self._terminal: bytes | None = None
         self.alias = plan.alias
@@ -284,7 +289,7 @@ class MessagesDialect:
         }
 
 
-class CountTokensDialect:
+class CountTokensDialect(OneCall):
     """The worker's ``{"input_tokens": n}``, checked; nothing is generated."""
 
     terminal_frame = b""

@@ -61,7 +61,6 @@ from gateway.apis.fields import (
     json_size,
     list_of,
     map_of,
-    nullable,
     number,
     obj,
     string,
@@ -97,9 +96,9 @@ _FLAT_TOOL = obj(
     {
         "type": string,
         "name": string,
-        "description": nullable(string),
-        "parameters": nullable(any_json),
-        "strict": nullable(boolean),
+        "description": string,
+        "parameters": any_json,
+        "strict": boolean,
     },
     required=("name",),
 )
@@ -136,7 +135,7 @@ _TEXT = obj(
                 "type": enum("text", "json_object", "json_schema"),
                 "name": string,
                 "schema": any_json,
-                "strict": nullable(boolean),
+                "strict": boolean,
                 "description": string,
             },
             required=("type",),
@@ -146,8 +145,8 @@ _TEXT = obj(
 )
 _REASONING = obj(
     {
-        "effort": nullable(enum("off", "none", "low", "medium", "high", "xhigh", "max")),
-        "summary": nullable(enum("concise", "detailed", "auto")),
+        "effort": enum("off", "none", "low", "medium", "high", "xhigh", "max"),
+        "summary": enum("concise", "detailed", "auto"),
     }
 )
 
@@ -274,6 +273,23 @@ def _input(value: Any, path: str) -> Any:
     return list_of(_input_item, min_items=1)(value, path)
 
 
+#: OpenAI's bounds on ``metadata``: pairs, key and value characters
+_METADATA_PAIRS, _METADATA_KEY, _METADATA_VALUE = 16, 64, 512
+
+
+def _metadata(value: Any, path: str) -> Any:
+    """String pairs within OpenAI's bounds: echoed in every response object and
+    kept with it, never forwarded (the worker has no use for them)."""
+    if not isinstance(value, dict):
+        raise invalid(path, "must be an object")
+    if len(value) > _METADATA_PAIRS:
+        raise invalid(path, f"has more than {_METADATA_PAIRS} pairs")
+    for key, entry in value.items():
+        if len(key) > _METADATA_KEY or not isinstance(entry, str) or len(entry) > _METADATA_VALUE:
+            raise invalid(path, "must map keys of at most 64 characters to strings of at most 512")
+    return value
+
+
 def _part_path(index: int, part_index: int) -> str:
     return item(child(item("input", index), "content"), part_index)
 
@@ -325,18 +341,18 @@ def plan_items(
 FIELDS: dict[str, Spec] = {
     "model": string,
     "input": _input,
-    "instructions": nullable(string),
-    "previous_response_id": nullable(string),
+    "instructions": string,
+    "previous_response_id": string,
     "stream": boolean,
     "stream_options": STREAM_OPTIONS,
     "background": _background,
     "store": boolean,
     "include": _include,
-    "max_output_tokens": nullable(integer()),
-    "max_tokens": nullable(integer()),
-    "max_completion_tokens": nullable(integer()),
-    "temperature": nullable(number(ge=0)),
-    "top_p": nullable(number(ge=0, le=1)),
+    "max_output_tokens": integer(),
+    "max_tokens": integer(),
+    "max_completion_tokens": integer(),
+    "temperature": number(ge=0),
+    "top_p": number(ge=0, le=1),
     "presence_penalty": number(),
     "frequency_penalty": number(),
     "top_logprobs": integer(ge=0, le=20),
@@ -354,6 +370,8 @@ FIELDS: dict[str, Spec] = {
     "n": integer(ge=1, le=1),
     **ENGINE_SAMPLING,
     **HARMLESS_FIELDS,
+    # kept to echo in the response objects (spec §24), never forwarded
+    "metadata": _metadata,
 }
 FIELD_NAMES = frozenset(FIELDS)
 BODY = obj(FIELDS, required=("model", "input"), refused=_REFUSED)
@@ -417,6 +435,7 @@ class ResponsesApi:
         # chain as explicit items (``conversation.expand``), and the worker keeps
         # nothing of it (its in-memory store has no TTL and no bound).
         body.pop("previous_response_id", None)
+        body.pop("metadata", None)
         body["store"] = False
         body["model"] = route
         body["stream"] = True

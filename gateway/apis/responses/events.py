@@ -29,28 +29,34 @@ object, its message text as the worker's non-streaming path leaves it
 (``chunk_answer.worker_text``).
 
 What the caller gets is filled to validate against the OpenAI SDK's types
-(``response_fill.py``), and its ids are the gateway's (spec §21).
+(``response_fill.py``), and its ids are the gateway's (spec §21, §24;
+``apis/ids.py``): the response's, and every output item's ``id`` (``msg_``,
+``fc_``, ``rs_`` by the item's type) and ``call_id`` (``call_``), the same
+replacement wherever the worker's id appears in the answer (the item events,
+the content events' ``item_id`` and ``call_id``, every response object's
+``output``, the copy kept for ``GET`` and follow-ups).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from gateway.apis.base import OutputText, Plan, Report, StreamBounds, TextNul
+from gateway.apis.base import OneCall, OutputText, Plan, Report, StreamBounds, TextNul
 from gateway.apis.chat.answer import worker_text
 from gateway.apis.chat.grammar import DONE_FRAME
+from gateway.apis.ids import InnerIds, gateway_id
 from gateway.apis.responses.fill import (
     LOGPROB_EVENTS,
     fill_item,
     fill_part,
     fill_response,
     fill_usage,
+    request_echo,
 )
 from gateway.apis.usage import estimate_output_tokens, usage_count
 from gateway.core.errors import GatewayError
@@ -100,6 +106,8 @@ _FRAME_HEADS = {name: b"event: " + name.encode() + b"\ndata: " for name in _KNOW
 _ITEM_EVENTS = frozenset({"response.output_item.added", "response.output_item.done"})
 #: events about one output item's content: OpenAI names the item (``item_id``)
 _ITEM_ID_EVENTS = OUTPUT_EVENTS - _ITEM_EVENTS - {"response.in_progress", "response.queued"}
+#: an output item's id prefix by its type, as OpenAI spells them
+_ITEM_PREFIXES = {"message": "msg_", "function_call": "fc_", "reasoning": "rs_"}
 
 
 @dataclass(slots=True)
@@ -294,7 +302,7 @@ class ResponsesValidator(StreamValidator[ResponseEvent]):
 _OUTCOMES = {"response.completed": "complete", "response.failed": "upstream_error"}
 
 
-class ResponsesDialect:
+class ResponsesDialect(OneCall):
     """One Responses answer, for a streaming or a non-streaming caller."""
 
     terminal_frame = DONE_FRAME
@@ -311,8 +319,11 @@ class ResponsesDialect:
         self.validator = ResponsesValidator(bounds.framing, grammar)
         self.alias = plan.alias
         # The gateway's own id (spec §21); the worker's goes to the receipt.
-        self.id = "resp_" + os.urandom(12).hex()
+        self.id = gateway_id("resp_")
+        #: the worker's ids inside the answer -> the gateway's
+        self.inner = InnerIds()
         self.full_usage = plan.full_usage
+        self.echo = request_echo(plan)
         self.collect = collect
         self.has_content = False
         self._response: dict[str, Any] | None = None
@@ -331,7 +342,12 @@ class ResponsesDialect:
         if isinstance(response, dict):
             response["id"] = self.id
             response["model"] = self.alias
+            response.update(self.echo)
             fill_response(response, full_usage=self.full_usage)
+            output = response.get("output")
+            if isinstance(output, list):
+                for item in output:
+                    self._own_item(item)
             if name in TERMINAL_EVENTS:
                 self._response = response
         if self.collect:
@@ -342,8 +358,19 @@ class ResponsesDialect:
             self._fill_item_event(data)
         return _FRAME_HEADS[name] + orjson.dumps(data) + b"\n\n"
 
+    def _own_item(self, item: Any) -> None:
+        """An output item's ids, the gateway's (the same each time it appears)."""
+        if isinstance(item, dict):
+            kind = item.get("type")
+            self.inner.swap_key(item, "id", _ITEM_PREFIXES.get(kind) if type(kind) is str else None)
+            self.inner.swap_key(item, "call_id", "call_")
+
     def _fill_content_event(self, name: str, data: dict[str, Any]) -> None:
-        if "item_id" not in data:
+        if "call_id" in data:
+            data["call_id"] = self.inner.swap(data["call_id"], "call_")
+        if "item_id" in data:
+            data["item_id"] = self.inner.swap(data["item_id"])
+        else:
             index = data.get("output_index")
             # type(): a bool is no index, and an unhashable value must not reach get()
             item_id = self._item_ids.get(index) if type(index) is int else None
@@ -356,6 +383,7 @@ class ResponsesDialect:
 
     def _fill_item_event(self, data: dict[str, Any]) -> None:
         item = data.get("item")
+        self._own_item(item)
         index = data.get("output_index")
         if isinstance(item, dict) and type(index) is int and isinstance(item.get("id"), str):
             self._item_ids[index] = item["id"]

@@ -34,6 +34,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.apis.base import Plan
+
 #: events whose OpenAI type requires ``logprobs`` (a list)
 LOGPROB_EVENTS = frozenset({"response.output_text.delta", "response.output_text.done"})
 #: what a response object lacks from the worker unless the request sent it, with
@@ -74,6 +76,23 @@ def fill_usage(usage: Any) -> None:
         elif isinstance(details, dict):
             for name, value in defaults.items():
                 details.setdefault(name, value)
+
+
+def request_echo(plan: Plan) -> dict[str, Any]:
+    """What every response object says about the caller's own request (spec
+    §24), whatever the worker echoed: it got neither ``previous_response_id``
+    (the gateway expands the conversation), nor ``metadata``, nor the caller's
+    ``store`` (always ``false``: the gateway keeps responses, not the worker).
+    ``store`` is whether the gateway keeps this one."""
+    body = plan.body
+    return {
+        "previous_response_id": plan.previous_response_id,
+        "instructions": body.get("instructions"),
+        "metadata": body.get("metadata", {}),
+        "user": body.get("user"),
+        "truncation": body.get("truncation", "disabled"),
+        "store": body.get("store", True) is not False,
+    }
 
 
 #: the usage counts every caller sees (spec §21); the details (cache hits) and

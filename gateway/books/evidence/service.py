@@ -6,7 +6,10 @@ Theory of operation:
   first bytes kept for sniffing), so no upload sits in memory whole. It is
   then checked (locator, size, sniffed type against the declared one, tenant
   modality); the same bytes under the same locator answer with the tenant's
-  existing record; the tenant's quota (``evidence.max_records``,
+  existing record; an image's or a video's declared pixels are held to
+  ``staging.max_image_pixels`` and ``max_image_side`` (read from its header
+  only: ``gateway/core/dimensions.py``, spec §24); the tenant's quota
+  (``evidence.max_records``,
   ``max_bytes``) is checked before the file is kept and again in the insert's
   transaction. The file is renamed into place first and the record added
   after, both inside the store's lock: a crash before the rename leaves no
@@ -55,6 +58,7 @@ from gateway.books.evidence.sniff import MediaType, match_content_type
 from gateway.books.evidence.store import EvidenceStore, TempUpload
 from gateway.books.protocols import EvidenceCatalog
 from gateway.config.policy import Tenant
+from gateway.core.dimensions import PixelBounds, check_frames, frames_of
 from gateway.core.errors import GatewayError
 
 MAX_LOCATOR_CHARS = 1024
@@ -96,8 +100,10 @@ class EvidenceService:
         lease_ttl_s: float = 610.0,
         shared: bool = False,
         clock: Callable[[], float] = time.time,
+        pixels: PixelBounds | None = None,
     ) -> None:
         self._store = store
+        self._pixels = pixels or PixelBounds()
         self._catalog = catalog
         self._reserve = reserve
         self._lease_ttl_s = lease_ttl_s
@@ -205,6 +211,10 @@ class EvidenceService:
                 raise GatewayError(
                     "modality_not_allowed", f"The {media.modality} modality is not allowed."
                 )
+            frames = await anyio.to_thread.run_sync(
+                frames_of, media.ext, upload.read_at, upload.size
+            )
+            check_frames(frames, self._pixels)
             async with self._store.locked():
                 return await self._commit_locked(tenant, upload, media, locator_sha256, inline)
         finally:
@@ -344,7 +354,9 @@ class EvidenceService:
         if self._reserve is None or self._reserve.exists():
             return
         try:
-            with self._reserve.open("xb") as handle:
+            # The state's files are the gateway user's alone (spec §24).
+            fd = os.open(self._reserve, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as handle:
                 handle.write(b"\0" * RESERVE_BYTES)
                 handle.flush()
                 os.fsync(handle.fileno())

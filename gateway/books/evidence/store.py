@@ -5,7 +5,8 @@ Theory of operation:
 - A file's name is ``<sha256>.<ext>`` of its bytes, flat in one directory, so
   identical bytes are stored once and a name can only ever hold those bytes.
 - A file becomes visible only complete: bytes go to ``.tmp-<random>`` in the
-  same directory, are made read-only (0o444) and fsynced, then renamed onto
+  same directory (0o600), are made read-only for the gateway's user and group
+  (0o440: never world-readable, spec §24) and fsynced, then renamed onto
   the final name, and the directory is fsynced so the rename survives a
   crash. A crash before the rename leaves only a temp file, which
   :meth:`EvidenceStore.sweep_temp` removes at the next start.
@@ -17,8 +18,10 @@ Theory of operation:
   it across a store write and its catalog update (``adopt``, ``remove`` and
   ``sweep_temp`` do not take it themselves). The kernel drops the lock when
   a process dies.
-- Disk errors become ``GatewayError("storage_error")``; messages never name
-  paths.
+- Disk errors become ``GatewayError("storage_error")``, except a write that
+  finds the volume full: :class:`StorageFull` (503 ``state_unavailable``,
+  noted in the store's :class:`~gateway.books.volume.VolumeWatch`, which a
+  stored file clears); messages never name paths.
 
 File work is synchronous: the service calls it through ``anyio.to_thread``.
 """
@@ -41,6 +44,7 @@ from pathlib import Path
 import anyio.to_thread
 
 from gateway.books.evidence.sniff import EXTENSIONS, MediaType
+from gateway.books.volume import VolumeWatch
 from gateway.core.errors import GatewayError
 
 TEMP_PREFIX = ".tmp-"
@@ -65,9 +69,10 @@ class TempUpload:
     """An upload being written to a temp file in the store's directory, hashed
     as it goes: the body never sits in memory whole."""
 
-    def __init__(self, fd: int, path: Path) -> None:
+    def __init__(self, fd: int, path: Path, volume: VolumeWatch) -> None:
         self.fd: int | None = fd
         self.path = path
+        self.volume = volume
         self.adopted = False
         self.hasher = hashlib.sha256()
         self.size = 0
@@ -84,11 +89,19 @@ class TempUpload:
             while view:
                 view = view[os.write(self.fd, view) :]
         except OSError as exc:
-            raise GatewayError("storage_error") from exc
+            raise self.volume.failed(exc) from exc
 
     @property
     def sha256(self) -> str:
         return self.hasher.hexdigest()
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        """Up to ``size`` of the bytes written so far, at ``offset`` (header reads)."""
+        assert self.fd is not None
+        try:
+            return os.pread(self.fd, size, offset)
+        except OSError as exc:
+            raise GatewayError("storage_error") from exc
 
     def discard(self) -> None:
         """Drop the temp file unless it became a stored file (idempotent)."""
@@ -112,8 +125,10 @@ def _flock(fd: int) -> None:
 class EvidenceStore:
     """Files named by their SHA-256 in one directory; see the module docstring."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, volume: VolumeWatch | None = None) -> None:
         self._dir = directory
+        #: whether the volume was last found full (shared with the state's other writers)
+        self.volume = volume if volume is not None else VolumeWatch()
         #: tasks of this process take turns before one of them takes the flock
         self._local = asyncio.Lock()
         #: bytes of stored media read back so far (what tests assert on: a
@@ -121,7 +136,7 @@ class EvidenceStore:
         self.bytes_read = 0
         self._count_lock = threading.Lock()
         try:
-            directory.mkdir(parents=True, exist_ok=True)
+            directory.mkdir(mode=0o750, parents=True, exist_ok=True)
         except OSError as exc:
             raise GatewayError("storage_error") from exc
 
@@ -138,7 +153,7 @@ class EvidenceStore:
             try:
                 fd = os.open(self._dir / _LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             except OSError as exc:
-                raise GatewayError("storage_error") from exc
+                raise self.volume.failed(exc) from exc
             try:
                 # The descriptor is ours before the wait: a task cancelled while
                 # the thread waits still closes it, and with it the lock.
@@ -157,8 +172,8 @@ class EvidenceStore:
         try:
             fd, temp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=self._dir)
         except OSError as exc:
-            raise GatewayError("storage_error") from exc
-        return TempUpload(fd, Path(temp))
+            raise self.volume.failed(exc) from exc
+        return TempUpload(fd, Path(temp), self.volume)
 
     def adopt(self, upload: TempUpload, media: MediaType) -> StoredFile:
         """Make a finished upload ``<sha256>.<ext>`` (or drop it if an intact copy is there)."""
@@ -170,10 +185,11 @@ class EvidenceStore:
         try:
             if self._intact(target, digest):
                 upload.discard()
+                self.volume.wrote()  # its bytes were written in full
                 return stored
             # Read-only before it becomes visible: no moment exists where
-            # the final name is writable.
-            os.fchmod(fd, 0o444)
+            # the final name is writable (or readable by others).
+            os.fchmod(fd, 0o440)
             os.fsync(fd)
             os.close(fd)
             upload.fd = None
@@ -182,7 +198,8 @@ class EvidenceStore:
             self._fsync_dir()
         except OSError as exc:
             upload.discard()
-            raise GatewayError("storage_error") from exc
+            raise self.volume.failed(exc) from exc
+        self.volume.wrote()
         return stored
 
     def stage(self, data: bytes) -> TempUpload:

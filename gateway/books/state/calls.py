@@ -23,6 +23,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from gateway.books.evidence.records import StorageFull
 from gateway.core.errors import GatewayError
 
 T = TypeVar("T")
@@ -68,7 +69,8 @@ class StateCalls:
             self._failed(op, "timeout")
             raise GatewayError("state_unavailable") from None
         except GatewayError as exc:
-            if exc.code == "state_unavailable":
+            # A full volume is the volume's to report (VolumeWatch), not the store being down.
+            if exc.code == "state_unavailable" and not isinstance(exc, StorageFull):
                 # The driver's class names why (its text may carry the DSN's host or user).
                 cause = exc.__cause__
                 self._failed(op, type(cause).__name__ if cause is not None else "refused")

@@ -16,7 +16,9 @@ from gateway.books.state.sqlite.catalog import Catalog
 from gateway.books.state.sqlite.evidence import SqliteCatalog
 from gateway.books.state.sqlite.releases import SqliteReleaseStore
 from gateway.books.state.sqlite.responses import SqliteResponseStore
+from gateway.books.volume import VolumeWatch
 from gateway.config import GatewayConfig
+from gateway.core.dimensions import PixelBounds
 
 #: an evidence lease outlives the longest request by this much (spec §17)
 LEASE_MARGIN_S = 10.0
@@ -36,6 +38,8 @@ class State:
     calls: StateCalls
     #: other replicas share it (their leases, temps and responses are theirs)
     shared: bool
+    #: whether the state volume (evidence files; SQLite's file) was last found full
+    volume: VolumeWatch
     #: closes what the books above hold that their protocols do not close
     #: (``ReleaseStore`` has no ``close``: a runtime's fake needs none)
     closers: tuple[Callable[[], Awaitable[None]], ...] = field(default=())
@@ -76,13 +80,15 @@ def open_state(
             PgReleaseStore(pool, calls),
             calls,
             True,
+            VolumeWatch(),  # the evidence files' (the records are PostgreSQL's)
             anchors=PgAnchorStore(pool, calls),
         )
     calls = StateCalls(None, observe, on_error)
     path = Path(config.staging.catalog)
-    catalog = SqliteCatalog(Catalog(path), calls)
+    volume = VolumeWatch()
+    catalog = SqliteCatalog(Catalog(path, volume=volume), calls)
     calls.watch(catalog.ping)
-    responses = SqliteResponseStore(path)
+    responses = SqliteResponseStore(path, volume=volume)
     releases = SqliteReleaseStore(path)
     anchors = SqliteAnchorStore(path)
     return State(
@@ -91,6 +97,7 @@ def open_state(
         releases,
         calls,
         False,
+        volume,
         closers=(releases.close, anchors.close),
         anchors=anchors,
     )
@@ -104,11 +111,12 @@ def evidence_service(
     """The evidence service over the configured backend and ``staging.dir``."""
     catalog = Path(config.staging.catalog)
     return EvidenceService(
-        EvidenceStore(Path(config.staging.dir)),
+        EvidenceStore(Path(config.staging.dir), state.volume),
         state.catalog,
         on_leases_change,
         # SQLite journals even a delete: its reserve makes room on a full volume.
         reserve=None if state.shared else catalog.with_name(catalog.name + RESERVE_SUFFIX),
         lease_ttl_s=evidence_lease_s(config),
         shared=state.shared,
+        pixels=PixelBounds(config.staging.max_image_pixels, config.staging.max_image_side),
     )

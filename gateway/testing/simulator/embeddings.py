@@ -19,7 +19,8 @@ Vectors are ``dims`` (knob, default 8) values k/128 (k in -128..127, exact in
 f32 and f64, so float and base64 agree) taken from SHAKE-256 of the input,
 so equal inputs get equal vectors. base64 is little-endian f32 bytes,
 standard alphabet with padding. ``prompt_tokens`` per input: about four
-characters a token for text, the count for token ids; summed.
+characters a token for text, the count for token ids; summed. The ``extras``
+knob adds ``usage.prompt_tokens_details: {"cached_tokens": 0}``.
 
 Directives: ``[[sim ...]]`` in any string input (later ones win).
 
@@ -152,7 +153,13 @@ def _body(call: EmbedCall, knobs: SimKnobs) -> bytes:
         else:
             data[0]["index"] = 1
     prompt = sum(_tokens(i) for i in call.inputs)
-    usage = {"prompt_tokens": prompt, "total_tokens": prompt + (fault == "bad_usage")}
+    usage: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + (fault == "bad_usage"),
+    }
+    if knobs.extras:
+        # what newer releases add (a cache hit count, spec §21)
+        usage["prompt_tokens_details"] = {"cached_tokens": 0}
     body = dump({"object": "list", "data": data, "model": call.model, "usage": usage})
     return body.replace(b'"' + _NOT_FINITE.encode() + b'"', b"1e999")
 

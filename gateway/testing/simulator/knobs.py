@@ -7,8 +7,8 @@ Knobs (constructor defaults, ``set_knobs``, or ``[[sim key=value ...]]``):
 keep-alive comment (0: none), ``split`` write the bytes in pieces of at most N,
 ``unicode`` multi-byte words, ``finish`` stop|length|tool_calls|canceled,
 ``tool_call`` end in a function call, ``status`` answer this HTTP status with
-``{"message":"simulated failure"}``, ``extras`` 0.9.5 extras (chat), ``fault``
-(below), ``pad`` pad each token to N bytes, ``terminal``
+``{"message":"simulated failure"}``, ``extras`` 0.9.5 extras (chat; embeddings:
+cached tokens), ``fault`` (below), ``pad`` pad each token to N bytes, ``terminal``
 completed|incomplete|failed (``/v1/responses`` only; the real server only ever
 sends ``completed``), ``dims`` embedding dimensions (``/v1/embeddings``),
 ``text`` the answer's text instead of the labelled filler, cut into ``chunks``

@@ -381,12 +381,12 @@ def test_chat_captures_become_a_valid_anthropic_stream(name: str) -> None:
     everything = orjson.dumps(found)
     assert MODEL.encode() not in everything, "the route never reaches the caller"
     assert b'"id":"7"' not in everything and b"chatcmpl" not in everything
-    # split anywhere, the same frames (the id aside: it is the dialect's own)
+    # split anywhere, the same frames (the ids aside: they are the dialect's own)
     for seed in range(3):
         again = MessagesDialect(_chat_plan(name), StreamBounds(), collect=False)
         out, done = run(again, data, splits(data, seed))
         assert done
-        assert frames(b"".join(out).replace(again.id.encode(), dialect.id.encode())) == found
+        assert _same_ids(frames(b"".join(out))) == _same_ids(found)
 
 
 @pytest.mark.parametrize("name", CHAT_VALID)
@@ -401,22 +401,30 @@ def test_chat_captures_collected_are_an_sdk_message(name: str) -> None:
     assert "".join(texts) == expected["text"].lstrip()  # the worker's non-stream trim
 
 
+#: the gateway's id of a message or a tool use (spec §21, §24)
+GATEWAY_ID = re.compile(r"(msg|toolu)_[0-9a-f]{24}")
+
+
+def _same_ids(found: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The frames with the gateway's random ids written as their prefix."""
+    text = orjson.dumps(found).decode()
+    return list(orjson.loads(GATEWAY_ID.sub(lambda m: m.group(1) + "_", text)))
+
+
 def test_the_tool_call_capture_becomes_a_tool_use_block_with_parsed_input() -> None:
     data = (SSE / "chat_tool_calls.sse").read_bytes()
     _, found = streamed(data, _chat_plan("chat_tool_calls.sse"))
     [(_, start)] = [f for f in found if f[0] == "content_block_start"]
-    assert start["content_block"] == {
-        "type": "tool_use",
-        "id": "call-3f1c",
-        "name": "get_weather",
-        "input": {},
-    }
+    block = start["content_block"]
+    # The gateway's id, never the worker's call-3f1c (spec §24).
+    assert GATEWAY_ID.fullmatch(block.pop("id")) and "call-3f1c" not in str(found)
+    assert block == {"type": "tool_use", "name": "get_weather", "input": {}}
     arguments = [d["delta"]["partial_json"] for n, d in found if n == "content_block_delta"]
     assert arguments == ['{"city":"Zürich"}']
     answer = answered(data, _chat_plan("chat_tool_calls.sse", stream=False))
-    assert answer["content"] == [
-        {"type": "tool_use", "id": "call-3f1c", "name": "get_weather", "input": {"city": "Zürich"}}
-    ]
+    [use] = answer["content"]
+    assert GATEWAY_ID.fullmatch(use.pop("id"))
+    assert use == {"type": "tool_use", "name": "get_weather", "input": {"city": "Zürich"}}
     assert answer["stop_reason"] == "tool_use"
 
 
@@ -463,13 +471,17 @@ def test_reasoning_text_and_tool_calls_open_blocks_in_order() -> None:
     check_grammar(found)
     check_sdk_types(found)
     starts = [(d["index"], d["content_block"]) for n, d in found if n == "content_block_start"]
+    ids = [block.pop("id") for _, block in starts if block["type"] == "tool_use"]
     assert starts == [
         (0, {"type": "thinking", "thinking": "", "signature": ""}),
         (1, {"type": "text", "text": ""}),
         (2, {"type": "thinking", "thinking": "", "signature": ""}),
-        (3, {"type": "tool_use", "id": "call-a", "name": "f", "input": {}}),
-        (4, {"type": "tool_use", "id": "call-b", "name": "g", "input": {}}),
+        (3, {"type": "tool_use", "name": "f", "input": {}}),
+        (4, {"type": "tool_use", "name": "g", "input": {}}),
     ]
+    # The gateway's, one per worker call (call-a, call-b), never the worker's.
+    assert all(GATEWAY_ID.fullmatch(i) and i.startswith("toolu_") for i in ids)
+    assert len(set(ids)) == 2
     partial = [
         (d["index"], d["delta"]["partial_json"])
         for n, d in found
@@ -495,21 +507,23 @@ def test_one_tool_call_streamed_in_pieces_is_one_block() -> None:
     partial = [d["delta"]["partial_json"] for n, d in found if n == "content_block_delta"]
     assert "".join(partial) == '{"city":"Z"}'
     answer = answered(data, _plan(stream=False, tools=True))
-    assert answer["content"] == [
-        {"type": "tool_use", "id": "call-1", "name": "get_weather", "input": {"city": "Z"}}
-    ]
+    [use] = answer["content"]
+    assert GATEWAY_ID.fullmatch(use.pop("id"))
+    assert use == {"type": "tool_use", "name": "get_weather", "input": {"city": "Z"}}
 
 
 def test_the_answer_has_thinking_text_and_each_tool_input() -> None:
     answer = answered(SYNTHETIC, _plan(stream=False, tools=True))
     MESSAGE.validate_python(answer)
+    ids = [block.pop("id") for block in answer["content"] if block["type"] == "tool_use"]
     assert answer["content"] == [
         {"type": "thinking", "thinking": "Let me think.More thought.", "signature": ""},
         {"type": "text", "text": "The answer."},
-        {"type": "tool_use", "id": "call-a", "name": "f", "input": {"a": 1}},
+        {"type": "tool_use", "name": "f", "input": {"a": 1}},
         # arguments that do not parse as a JSON object: {"arguments": raw}
-        {"type": "tool_use", "id": "call-b", "name": "g", "input": {"arguments": "not json"}},
+        {"type": "tool_use", "name": "g", "input": {"arguments": "not json"}},
     ]
+    assert len(set(ids)) == 2 and all(GATEWAY_ID.fullmatch(i) for i in ids)
     assert answer["usage"] == {"input_tokens": 9, "output_tokens": 3}  # the settled usage
 
 

@@ -435,7 +435,7 @@ async def test_disk_error_leaves_nothing(
     monkeypatch.setattr(os, "fsync", disk_full)
     with pytest.raises(GatewayError) as info:
         await service.upload(ACME, WAV, "audio/wav", None)
-    assert code_of(info) == "storage_error"
+    assert code_of(info) == "state_unavailable"  # a full volume, never a 500 (spec §24)
     assert isinstance(info.value.__cause__, OSError)
     monkeypatch.undo()
     assert stored_names(service) == set()

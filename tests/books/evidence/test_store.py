@@ -32,7 +32,7 @@ def test_put_names_file_by_digest_read_only(tmp_path: Path) -> None:
     stored = store.put(DATA, PNG)
     assert (stored.sha256, stored.ext, stored.bytes) == (DIGEST, "png", len(DATA))
     assert stored.path == tmp_path / "ev" / f"{DIGEST}.png" == store.path_for(DIGEST, "png")
-    assert stat.S_IMODE(stored.path.stat().st_mode) == 0o444
+    assert stat.S_IMODE(stored.path.stat().st_mode) == 0o440
     assert store.read(DIGEST, "png") == DATA
     assert names(tmp_path / "ev") == {f"{DIGEST}.png"}
     assert store.files() == [(DIGEST, "png")]
@@ -55,7 +55,7 @@ def test_put_repairs_a_damaged_copy(tmp_path: Path) -> None:
     path.write_bytes(b"damaged")
     store.put(DATA, PNG)
     assert store.read(DIGEST, "png") == DATA
-    assert stat.S_IMODE(path.stat().st_mode) == 0o444
+    assert stat.S_IMODE(path.stat().st_mode) == 0o440
 
 
 def test_tampered_file_fails_digest_check(tmp_path: Path) -> None:
@@ -97,10 +97,12 @@ def test_remove(tmp_path: Path) -> None:
     assert names(tmp_path) == set()
 
 
-def _assert_clean_failure(store: EvidenceStore, tmp_path: Path) -> None:
+def _assert_clean_failure(
+    store: EvidenceStore, tmp_path: Path, code: str = "storage_error"
+) -> None:
     with pytest.raises(GatewayError) as info:
         store.put(DATA, PNG)
-    assert info.value.code == "storage_error"
+    assert info.value.code == code
     assert isinstance(info.value.__cause__, OSError)
     assert str(tmp_path) not in info.value.message
     assert names(tmp_path) == set()
@@ -119,7 +121,7 @@ def test_crash_before_rename_leaves_nothing(
 
 
 @pytest.mark.parametrize("call", ["write", "fsync", "fchmod"])
-def test_disk_error_leaves_nothing(
+def test_a_full_disk_leaves_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str
 ) -> None:
     store = EvidenceStore(tmp_path)
@@ -128,7 +130,12 @@ def test_disk_error_leaves_nothing(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, call, disk_full)
-    _assert_clean_failure(store, tmp_path)
+    # A full volume is the state's, never a 500 (spec §24), and noted until a write succeeds.
+    _assert_clean_failure(store, tmp_path, "state_unavailable")
+    assert store.volume.full
+    monkeypatch.undo()
+    store.put(DATA, PNG)
+    assert not store.volume.full
 
 
 def test_short_writes_are_completed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

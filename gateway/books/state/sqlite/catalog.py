@@ -27,7 +27,9 @@ Theory of operation:
   expiry sweep forgets them.
 - SQLite and disk errors become ``GatewayError("state_unavailable")`` (spec
   §17: never a 500); a full volume is :class:`StorageFull` (one of them), so a delete can
-  make room and retry (``EvidenceService.delete``).
+  make room and retry (``EvidenceService.delete``), noted in the state's
+  :class:`~gateway.books.volume.VolumeWatch` until a write commits (spec §24).
+  The file is the gateway user's alone (0600, ``file.connect_private``).
 """
 
 from __future__ import annotations
@@ -42,10 +44,11 @@ from typing import Any
 
 from gateway.books.evidence.records import (
     EvidenceRecord,
-    StorageFull,
     is_evidence_id,
     new_evidence_id,
 )
+from gateway.books.state.sqlite.file import connect_private
+from gateway.books.volume import VolumeWatch
 from gateway.core.errors import GatewayError
 
 _SCHEMA = """
@@ -98,9 +101,9 @@ _REFERENCED_BATCH = 400
 _LIVE = "tenant = ? AND created >= ?"
 
 
-def _translate(exc: sqlite3.Error) -> GatewayError:
+def _translate(exc: sqlite3.Error, volume: VolumeWatch) -> GatewayError:
     if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
-        return StorageFull()
+        return volume.found_full()
     return GatewayError("state_unavailable")
 
 
@@ -134,14 +137,13 @@ class Catalog:
         *,
         busy_timeout_s: float = 10.0,
         clock: Callable[[], float] = time.time,
+        volume: VolumeWatch | None = None,
     ) -> None:
         self._lock = threading.Lock()
         self._clock = clock
+        self._volume = volume if volume is not None else VolumeWatch()
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(
-                path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
-            )
+            conn = connect_private(path, busy_timeout_s)
         except (OSError, sqlite3.Error) as exc:
             raise GatewayError("state_unavailable") from exc
         try:
@@ -176,7 +178,7 @@ class Catalog:
             try:
                 yield self._conn
             except sqlite3.Error as exc:
-                raise _translate(exc) from exc
+                raise _translate(exc, self._volume) from exc
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -185,6 +187,7 @@ class Catalog:
             try:
                 yield conn
                 conn.execute("COMMIT")
+                self._volume.wrote()
             except BaseException:
                 # A failed COMMIT may already have rolled back; nothing is left to undo then.
                 with suppress(sqlite3.Error):

@@ -11,11 +11,18 @@
   a write cut loose could still commit after its caller was told it
   failed); reads are, since nothing depends on their end.
 - Every SQLite error (a full volume, a locked or corrupt file) becomes
-  ``GatewayError("state_unavailable")``, never a 500.
+  ``GatewayError("state_unavailable")``, never a 500; a full volume is
+  :class:`~gateway.books.evidence.records.StorageFull`, noted in the
+  :class:`~gateway.books.volume.VolumeWatch` the state's writers share, which
+  a committed write clears (spec §24).
+- The file and its journals are the gateway's user's alone (0600, spec §24:
+  it holds kept prompts): created so, and tightened if an older release left
+  them readable (:func:`connect_private`).
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -25,21 +32,51 @@ from typing import TypeVar
 
 import anyio.to_thread
 
+from gateway.books.volume import VolumeWatch
 from gateway.core.errors import GatewayError
 
 T = TypeVar("T")
+#: SQLite's journals beside a database file, created with its mode
+JOURNALS = ("-wal", "-shm", "-journal")
+
+
+def connect_private(path: Path, busy_timeout_s: float) -> sqlite3.Connection:
+    """A connection on ``path``, the file (and its journals, which SQLite
+    creates with the file's mode) 0600; raises ``OSError`` or ``sqlite3.Error``.
+
+    The file is created here only when it does not exist yet (``O_EXCL``), and
+    an existing one is only chmod-ed, never opened: closing any descriptor of a
+    file drops every POSIX lock this process holds on it, so opening and
+    closing a database this process already has connections to would make
+    another process's SQLite think they are gone (it may then checkpoint and
+    delete the WAL those connections still write into: their commits lost).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with suppress(FileExistsError):
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+    for name in (path, *(path.with_name(path.name + j) for j in JOURNALS)):
+        with suppress(FileNotFoundError):
+            if os.stat(name).st_mode & 0o077:
+                os.chmod(name, 0o600)
+    return sqlite3.connect(
+        path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+    )
 
 
 class SqliteFile:
     def __init__(
-        self, path: Path, part: str, steps: tuple[str, ...], *, busy_timeout_s: float = 5.0
+        self,
+        path: Path,
+        part: str,
+        steps: tuple[str, ...],
+        *,
+        busy_timeout_s: float = 5.0,
+        volume: VolumeWatch | None = None,
     ) -> None:
         self._lock = threading.Lock()
+        self._volume = volume if volume is not None else VolumeWatch()
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(
-                path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
-            )
+            conn = connect_private(path, busy_timeout_s)
         except (OSError, sqlite3.Error) as exc:
             raise GatewayError("state_unavailable") from exc
         self._conn: sqlite3.Connection | None = conn
@@ -65,6 +102,8 @@ class SqliteFile:
             try:
                 yield self._conn
             except sqlite3.Error as exc:
+                if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+                    raise self._volume.found_full() from exc
                 raise GatewayError("state_unavailable") from exc
 
     def write_now(self, work: Callable[[sqlite3.Connection], T]) -> T:
@@ -79,7 +118,8 @@ class SqliteFile:
                 with suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
                 raise
-            return result
+        self._volume.wrote()
+        return result
 
     async def write(self, work: Callable[[sqlite3.Connection], T]) -> T:
         return await anyio.to_thread.run_sync(self.write_now, work)

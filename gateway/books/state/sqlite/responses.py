@@ -26,6 +26,7 @@ from typing import Any
 
 from gateway.books.protocols import KEPT_COLUMNS, KeptResponse
 from gateway.books.state.sqlite.file import SqliteFile
+from gateway.books.volume import VolumeWatch
 
 #: this store's part in ``gateway_schema_parts``, and the steps of its schema
 _PART = "kept_responses"
@@ -111,8 +112,10 @@ def _kept(row: Sequence[Any]) -> KeptResponse:
 class SqliteResponseStore:
     """:class:`~gateway.books.protocols.ResponseStore` on one SQLite file."""
 
-    def __init__(self, path: Path, *, busy_timeout_s: float = 5.0) -> None:
-        self._file = SqliteFile(path, _PART, _STEPS, busy_timeout_s=busy_timeout_s)
+    def __init__(
+        self, path: Path, *, busy_timeout_s: float = 5.0, volume: VolumeWatch | None = None
+    ) -> None:
+        self._file = SqliteFile(path, _PART, _STEPS, busy_timeout_s=busy_timeout_s, volume=volume)
 
     # -- the protocol ---------------------------------------------------------
 
