@@ -27,9 +27,10 @@ from tests.support.stack import API_KEY_SHA, Stack, issuers
 ALIAS = "random-llama"
 
 
-def engine_policies(route: str) -> dict[str, dict[str, Any]]:
+def engine_policies(route: str, **extra: Any) -> dict[str, dict[str, Any]]:
     """Tenants ``acme`` (RS256, dev tokens, the static API key) and ``globex``
-    may use :data:`ALIAS`: two tenants sharing the one worker (spec §21)."""
+    may use :data:`ALIAS`: two tenants sharing the one worker (spec §21).
+    ``extra`` goes into both policies (e.g. ``agents``)."""
     acme = default_policy(
         "acme",
         models={ALIAS: route},
@@ -37,8 +38,9 @@ def engine_policies(route: str) -> dict[str, dict[str, Any]]:
         modalities=["text"],
         # The lane compares the worker's own answer byte for byte: every usage field.
         usage_details="full",
+        **extra,
     )
-    globex = default_policy("globex", models={ALIAS: route}, modalities=["text"])
+    globex = default_policy("globex", models={ALIAS: route}, modalities=["text"], **extra)
     return {"acme": acme, "globex": globex}
 
 
@@ -57,9 +59,14 @@ class EngineStack(Stack):
 
 @contextmanager
 def running_engine_stack(
-    directory: Path, adapter: EngineAdapter, **sections: Any
+    directory: Path,
+    adapter: EngineAdapter,
+    *,
+    policy: dict[str, Any] | None = None,
+    **sections: Any,
 ) -> Iterator[EngineStack]:
-    """A gateway (in-process uvicorn) in front of ``adapter``; ``sections`` as ``write_config``."""
+    """A gateway (in-process uvicorn) in front of ``adapter``; ``policy`` goes into
+    both tenants' policies, ``sections`` as ``write_config``."""
     # The engine keeps both cores busy while it decodes: a readiness poll may
     # take longer than the simulator's one second.
     upstream = {
@@ -70,7 +77,7 @@ def running_engine_stack(
     config = write_config(
         directory,
         upstream_port=adapter.port,
-        policies=engine_policies(adapter.route),
+        policies=engine_policies(adapter.route, **(policy or {})),
         issuers=issuers(),
         upstream=upstream,
         **sections,

@@ -29,6 +29,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,13 +151,20 @@ def model_dir(size: str, cache: str | os.PathLike[str] | None = None) -> Path:
 
 def ensure_model(size: str = "tiny", cache: str | os.PathLike[str] | None = None) -> Path:
     """The model folder of ``size``, generated first if the cache does not hold it."""
-    final = model_dir(size, cache)
+    return build_once(model_dir(size, cache), lambda staging: write_model(_spec(size), staging))
+
+
+def build_once(final: Path, write: Callable[[Path], None]) -> Path:
+    """``final``, built by ``write(staging)`` first if it does not exist: in a
+    temporary sibling, renamed into place (a concurrent builder's identical
+    copy may win the rename; a folder that exists is complete)."""
     if final.is_dir():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
-        write_model(_spec(size), staging)
+        staging.chmod(0o755)  # mkdtemp made it private; the fixture is for any reader
+        write(staging)
         try:
             staging.rename(final)
         except OSError:
@@ -166,23 +174,23 @@ def ensure_model(size: str = "tiny", cache: str | os.PathLike[str] | None = None
     finally:
         if staging.exists():
             shutil.rmtree(staging)
-    _fsync_dir(final.parent)
+    fsync_path(final.parent)
     return final
 
 
 def write_model(spec: ModelSpec, folder: Path) -> None:
     """Write every file of the model described by ``spec`` into ``folder`` (fsynced)."""
-    folder.chmod(0o755)  # mkdtemp made it private; the model is for any reader
+    folder.chmod(0o755)
     tokenizer = _train_tokenizer(spec)
     bos_id, eos_id = _token_id(tokenizer, BOS), _token_id(tokenizer, EOS)
     _write_json(folder / "config.json", _config(spec, bos_id, eos_id))
     weights = folder / "model.safetensors"
     safetensors.numpy.save_file(_weights(spec), str(weights), metadata={"format": "pt"})
     weights.chmod(0o644)
-    _fsync(weights)
+    fsync_path(weights)
     tokenizer_path = folder / "tokenizer.json"
     tokenizer_path.write_text(tokenizer.to_str(pretty=False), encoding="utf-8")
-    _fsync(tokenizer_path)
+    fsync_path(tokenizer_path)
     _write_json(
         folder / "tokenizer_config.json",
         {
@@ -200,7 +208,7 @@ def write_model(spec: ModelSpec, folder: Path) -> None:
         folder / "generation_config.json",
         {"bos_token_id": bos_id, "eos_token_id": eos_id, "_note": "random weights"},
     )
-    _fsync_dir(folder)
+    fsync_path(folder)
 
 
 def nul_token_id(folder: str | os.PathLike[str]) -> int:
@@ -348,16 +356,13 @@ def _weights(spec: ModelSpec) -> dict[str, np.ndarray[Any, np.dtype[np.float16]]
 
 def _write_json(path: Path, value: dict[str, Any]) -> None:
     path.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    _fsync(path)
+    fsync_path(path)
 
 
-def _fsync(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file or a folder."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    _fsync(path)

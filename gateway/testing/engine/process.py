@@ -69,12 +69,18 @@ class EngineAdapter:
 
 
 def start_adapter(
-    size: str = "tiny", *, keepalive_ms: float = 10_000, extra_env: dict[str, str] | None = None
+    size: str = "tiny",
+    *,
+    kind: str = "chat",
+    keepalive_ms: float = 10_000,
+    extra_env: dict[str, str] | None = None,
+    extra_args: list[str] | None = None,
 ) -> EngineAdapter:
     """Start the adapter on a free loopback port; return once it is listening."""
     argv = [
         sys.executable, "-m", "gateway.testing.engine", "serve",
-        "--model-size", size, "--port", "0", "--keepalive-ms", str(keepalive_ms),
+        "--kind", kind, "--model-size", size, "--port", "0",
+        "--keepalive-ms", str(keepalive_ms), *(extra_args or []),
     ]  # fmt: skip
     env = {**os.environ, **(extra_env or {})}
     process = subprocess.Popen(
@@ -111,8 +117,14 @@ def start_adapter(
 
 
 @contextlib.contextmanager
-def running_adapter(size: str = "tiny", *, keepalive_ms: float = 10_000) -> Iterator[EngineAdapter]:
-    adapter = start_adapter(size, keepalive_ms=keepalive_ms)
+def running_adapter(
+    size: str = "tiny",
+    *,
+    kind: str = "chat",
+    keepalive_ms: float = 10_000,
+    extra_args: list[str] | None = None,
+) -> Iterator[EngineAdapter]:
+    adapter = start_adapter(size, kind=kind, keepalive_ms=keepalive_ms, extra_args=extra_args)
     try:
         yield adapter
     finally:

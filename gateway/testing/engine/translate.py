@@ -2,9 +2,17 @@
 
 Unknown fields are ignored (the server has no ``deny_unknown_fields``); a known
 field of the wrong type is a :class:`BodyError` (axum's 422 "Failed to
-deserialize the JSON body into the target type"). Server-side agent tools
-(web search, code execution, shell, MCP, files) are not wired: the adapter
-ignores those fields.
+deserialize the JSON body into the target type").
+
+Agentic fields (:func:`agentic`): ``web_search_options`` (context size and the
+tool descriptions; the binding has no ``filters`` or ``user_location`` text
+fields for the engine, see ``agents.py``), ``max_tool_rounds``,
+``session_id``, ``agent_permission`` (``code_execution_permission`` is its
+alias) and a ``code_interpreter`` tool (``enable_code_execution``: the wheel
+has no code execution, so the engine answers it as a plain chat). A request
+is agentic, as the engine's gate decides, when it has ``web_search_options``
+or ``max_tool_rounds``. ``files``, ``tool_dispatch_url`` and shell are not
+passed on.
 """
 
 from __future__ import annotations
@@ -19,11 +27,39 @@ class BodyError(ValueError):
     """The body does not deserialize into the server's request type (422)."""
 
 
-def chat_request(body: dict[str, Any]) -> mistralrs.ChatCompletionRequest:
-    """The SDK request for a ``/v1/chat/completions`` body."""
+PERMISSIONS = ("auto", "ask", "deny")
+
+
+def agentic(body: dict[str, Any]) -> bool:
+    """Whether the engine runs this chat request through its agentic loop."""
+    return body.get("web_search_options") is not None or body.get("max_tool_rounds") is not None
+
+
+def permission(body: dict[str, Any]) -> str:
+    """The request's agent permission (``auto`` unless it says; the strictest of
+    ``agent_permission`` and its alias ``code_execution_permission``)."""
+    found = "auto"
+    for name in ("agent_permission", "code_execution_permission"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if value not in PERMISSIONS:
+            raise BodyError(f"{name}: unknown variant, expected one of auto, ask, deny")
+        if PERMISSIONS.index(value) > PERMISSIONS.index(found):
+            found = value
+    return found
+
+
+def chat_request(body: dict[str, Any], approval: Any = None) -> mistralrs.ChatCompletionRequest:
+    """The SDK request for a ``/v1/chat/completions`` body; an agentic one runs
+    with ``Ask`` and ``approval`` as its approval callback (``agents.py``)."""
     messages = _messages(body.get("messages", _MISSING))
     common = _sampling(body)
     tools = _optional(body, "tools", list)
+    code = False
+    if tools is not None:
+        code = any(_is_code_tool(t) for t in tools)
+        tools = [t for t in tools if not _is_code_tool(t)] or None
     tool_choice = body.get("tool_choice")
     response_format = _optional(body, "response_format", dict)
     grammar, grammar_type = _grammar(_optional(body, "grammar", dict), response_format)
@@ -39,7 +75,43 @@ def chat_request(body: dict[str, Any]) -> mistralrs.ChatCompletionRequest:
         grammar_type=grammar_type,
         enable_thinking=_optional(body, "enable_thinking", bool),
         reasoning_effort=_optional(body, "reasoning_effort", str),
+        **_agentic_fields(body, approval, code),
         **common,
+    )
+
+
+def _is_code_tool(tool: Any) -> bool:
+    return isinstance(tool, dict) and tool.get("type") == "code_interpreter"
+
+
+def _agentic_fields(body: dict[str, Any], approval: Any, code: bool) -> dict[str, Any]:
+    options = _optional(body, "web_search_options", dict)
+    fields: dict[str, Any] = {
+        "web_search_options": None if options is None else _web_search(options),
+        "max_tool_rounds": _optional(body, "max_tool_rounds", int),
+        "session_id": _optional(body, "session_id", str),
+        "enable_code_execution": code,
+    }
+    permission(body)  # checked
+    if agentic(body):
+        fields["agent_permission"] = mistralrs.AgentPermission.Ask
+        fields["agent_approval_callback"] = approval
+    return fields
+
+
+def _web_search(options: dict[str, Any]) -> mistralrs.WebSearchOptions:
+    size = options.get("search_context_size")
+    sizes = {
+        "low": mistralrs.SearchContextSize.Low,
+        "medium": mistralrs.SearchContextSize.Medium,
+        "high": mistralrs.SearchContextSize.High,
+    }
+    if size is not None and size not in sizes:
+        raise BodyError("web_search_options.search_context_size: unknown variant")
+    return mistralrs.WebSearchOptions(
+        search_context_size=None if size is None else sizes[size],
+        search_description=_optional(options, "search_description", str),
+        extract_description=_optional(options, "extract_description", str),
     )
 
 
