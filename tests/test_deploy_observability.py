@@ -442,3 +442,14 @@ def test_observability_kustomization() -> None:
     # Kept out of the main kustomization: its CRDs may not exist in every cluster.
     main = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text(encoding="utf-8"))
     assert not any("observability" in r for r in main["resources"])
+
+
+def test_dashboard_has_an_agents_row(dashboard: Doc) -> None:
+    panels = row_panels(dashboard, "Agents")
+    exprs = [t["expr"] for p in panels for t in p["targets"]]
+    assert len(panels) == 3 and all(check_promql(e).problems == [] for e in exprs)
+    assert {m for e in exprs for m in check_promql(e).metrics} == {
+        "gateway_agent_tool_calls_total",
+        "gateway_agent_rounds_bucket",
+        "gateway_agent_files_dropped_total",
+    }
