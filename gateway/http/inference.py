@@ -29,6 +29,7 @@ from gateway.http.asgi import (
     send_error,
 )
 from gateway.http.bodyguard import ClientDisconnected, parse_json, read_body
+from gateway.http.bodywriter import BODY_EXTENSION
 from gateway.http.runtime import Runtime
 from gateway.pipeline import steps
 from gateway.pipeline.call import Call
@@ -67,7 +68,10 @@ class InferenceEndpoint:
             serve_identity=None,
             created=time.time(),
         )
-        exchange = Exchange(abort=scope.get("extensions", {}).get(ABORT_EXTENSION))
+        extensions = scope.get("extensions", {})
+        exchange = Exchange(
+            abort=extensions.get(ABORT_EXTENSION), body_writer=extensions.get(BODY_EXTENSION)
+        )
         media = RequestMedia(rt.evidence, tenant)
         call = Call(rt.services, info, send, tenant, receipt, exchange, media, timings)
         rt.inflight.add(exchange)

@@ -32,6 +32,8 @@ Theory of operation (each limit closes one way a caller can hold the gateway):
   (A body the app does read has its own deadline, ``limits.read_body``.)
 - **Abort.** ``scope["extensions"]["gateway.abort"]`` closes the connection at
   once, for a caller that stopped reading its stream (see ``streaming.py``).
+- **Body frames.** ``scope["extensions"]["gateway.body"]`` writes a streamed
+  response's body frames to the connection directly (``bodywriter.py``).
 - Refusals are OpenAI-shaped JSON with ``connection: close``. A refusal for
   a request's own body (bad framing, oversized trailers) answers it if the
   app has not answered yet (the app's reply is then discarded). Otherwise,
@@ -58,6 +60,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from gateway.config import ListenConfig
 from gateway.core.errors import ErrorCode, GatewayError
 from gateway.http.asgi import ABORT_EXTENSION
+from gateway.http.bodywriter import BODY_EXTENSION, BodyWriter
 from gateway.http.cork import CorkedTransport
 from gateway.observe.metrics import UNKNOWN_TENANT
 
@@ -168,9 +171,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         # This request's own cycle (a pipelined one may follow before it ends);
         # the app's task starts on a later loop turn, after this is in place.
         scope = cast(dict[str, Any], self.scope)
-        scope.setdefault("extensions", {})[ABORT_EXTENSION] = functools.partial(
-            self._abort, self.cycle
-        )
+        extensions = scope.setdefault("extensions", {})
+        extensions[ABORT_EXTENSION] = functools.partial(self._abort, self.cycle)
+        extensions[BODY_EXTENSION] = BodyWriter(self.cycle)
 
     def on_body(self, body: bytes) -> None:
         self._since_body = 0
