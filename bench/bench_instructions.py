@@ -53,7 +53,11 @@ def _dump_total(path: Path) -> int:
 
 
 def count(
-    requests: int, chunks: int, keep: Path | None = None, idle_s: float = 0.0
+    requests: int,
+    chunks: int,
+    keep: Path | None = None,
+    idle_s: float = 0.0,
+    delay_ms: float = 0.0,
 ) -> tuple[float, int, float]:
     """(instructions per request, requests that ended with [DONE], the same
     less the idle gateway's rate over the window's wall time); ``keep``: copy
@@ -76,7 +80,12 @@ def count(
         wait_ready(gateway.port, timeout_s=120)
         receipts = workdir / "var" / "receipts.jsonl"
         payload = _payloads(
-            gateway.port, True, f"[[sim chunks={chunks}]]", _tokens(secret), [], "chat"
+            gateway.port,
+            True,
+            f"[[sim chunks={chunks} delay_ms={delay_ms:g}]]",
+            _tokens(secret),
+            [],
+            "chat",
         )
         run = asyncio.Runner(loop_factory=loop_factory())
         with run:
@@ -137,6 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunks", type=int, default=16)
     parser.add_argument("--keep", type=Path, help="copy the callgrind files into this folder")
     parser.add_argument(
+        "--delay-ms",
+        type=float,
+        default=0.0,
+        help="the simulator's pause between chunks (each chunk its own read)",
+    )
+    parser.add_argument(
         "--idle", type=float, default=10.0, help="seconds of idle counting (0: no correction)"
     )
     args = parser.parse_args(argv)
@@ -144,9 +159,12 @@ def main(argv: list[str] | None = None) -> int:
         print("valgrind is not installed: no instruction count (Debian: apt-get install valgrind)")
         return 0
     started = time.monotonic()
-    per_request, ok, corrected = count(args.requests, args.chunks, args.keep, args.idle)
+    per_request, ok, corrected = count(
+        args.requests, args.chunks, args.keep, args.idle, args.delay_ms
+    )
     took = time.monotonic() - started
-    print(f"gateway instructions per streamed chat request ({args.chunks} chunks, C=1): "
+    spaced = f", {args.delay_ms:g} ms apart" if args.delay_ms else ""
+    print(f"gateway instructions per streamed chat request ({args.chunks} chunks{spaced}, C=1): "
           f"{per_request / 1e6:.3f} M, corrected {corrected / 1e6:.3f} M "
           f"({ok}/{args.requests} ok, {took:.0f} s under valgrind)")  # fmt: skip
     return 0 if ok == args.requests else 1

@@ -23,6 +23,7 @@ from gateway.books.receipts import Receipt
 from gateway.core.errors import GatewayError
 from gateway.http.asgi import (
     ABORT_EXTENSION,
+    DISCONNECT_EXTENSION,
     authorization_values,
     info_of,
     runtime_of,
@@ -123,7 +124,12 @@ class InferenceEndpoint:
         finally:
             call.timings.plan = now() - began
 
-        watcher = asyncio.create_task(watch_disconnect(receive, call.exchange))
+        watch = scope.get("extensions", {}).get(DISCONNECT_EXTENSION)
+        if watch is not None:
+            # The listener's own watch: no task per request (gateway/http/protocol.py).
+            stop_watching = watch(call.exchange.cancel)
+        else:
+            stop_watching = asyncio.create_task(watch_disconnect(receive, call.exchange)).cancel
         try:
             await steps.run(call, routed, self.api, plan)
         except GatewayError as exc:
@@ -134,7 +140,7 @@ class InferenceEndpoint:
         except CallerStalled:
             call.exchange.stall()
         finally:
-            watcher.cancel()
+            stop_watching()
 
 
 async def _end_for_shutdown(call: Call, shape: str) -> None:

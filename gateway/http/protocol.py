@@ -34,6 +34,14 @@ Theory of operation (each limit closes one way a caller can hold the gateway):
   once, for a caller that stopped reading its stream (see ``streaming.py``).
 - **Body frames.** ``scope["extensions"]["gateway.body"]`` writes a streamed
   response's body frames to the connection directly (``bodywriter.py``).
+- **Disconnects.** ``scope["extensions"]["gateway.disconnect"]`` is
+  ``watch(callback) -> stop``: ``callback`` runs (on the next loop turn) once
+  the request's ``receive`` would answer ``http.disconnect`` -- the caller gone,
+  the connection refused or aborted, or the response complete -- unless
+  ``stop`` was called first. It is what a task looping on ``receive`` until
+  ``http.disconnect`` does (``watch_disconnect``), without the task, the
+  coroutine and the wake-ups per request; like that task's first
+  ``receive``, it resumes reading the connection.
 - Refusals are OpenAI-shaped JSON with ``connection: close``. A refusal for
   a request's own body (bad framing, oversized trailers) answers it if the
   app has not answered yet (the app's reply is then discarded). Otherwise,
@@ -50,6 +58,7 @@ import functools
 import logging
 import socket
 import struct
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any, cast
 
@@ -59,7 +68,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.config import ListenConfig
 from gateway.core.errors import ErrorCode, GatewayError
-from gateway.http.asgi import ABORT_EXTENSION
+from gateway.http.asgi import ABORT_EXTENSION, DISCONNECT_EXTENSION
 from gateway.http.bodywriter import BODY_EXTENSION, BodyWriter
 from gateway.http.cork import CorkedTransport
 from gateway.observe.metrics import UNKNOWN_TENANT
@@ -91,6 +100,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._linger: asyncio.TimerHandle | None = None
         self._refusal: ErrorCode | None = None
         self._refused = False
+        self._watched: Any = None  # the cycle whose caller is watched (gateway.disconnect)
+        self._on_gone: Callable[[], None] | None = None
+        self._gone: asyncio.Handle | None = None
 
     # ------------------------------------------------------- asyncio side
 
@@ -103,6 +115,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
         super().connection_lost(exc)
+        self._wake()
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
@@ -134,6 +147,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        self._wake()
         if not self._message_done and not self.transport.is_closing():
             self._linger = self.loop.call_later(self.body_timeout_s, self._close)
 
@@ -174,6 +188,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         extensions = scope.setdefault("extensions", {})
         extensions[ABORT_EXTENSION] = functools.partial(self._abort, self.cycle)
         extensions[BODY_EXTENSION] = BodyWriter(self.cycle)
+        extensions[DISCONNECT_EXTENSION] = functools.partial(self._watch, self.cycle)
 
     def on_body(self, body: bytes) -> None:
         self._since_body = 0
@@ -246,6 +261,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             # answer it here; the app's own reply is discarded.
             cycle.disconnected = True
             cycle.message_event.set()
+            self._wake()
         self.transport.write(refusal_bytes(code))
         self.transport.close()
 
@@ -269,6 +285,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             # before the transport reports the loss.
             cycle.disconnected = True
             cycle.message_event.set()
+            self._wake()
         if not self.transport.is_closing():
             sock = self.transport.get_extra_info("socket")
             with contextlib.suppress(AttributeError, OSError):
@@ -280,6 +297,41 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def _close(self) -> None:
         if not self.transport.is_closing():
             self.transport.close()
+
+    # ---------------------------------------------- gateway.disconnect
+
+    def _watch(self, cycle: Any, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` on a later loop turn once ``cycle``'s ``receive``
+        would answer ``http.disconnect``; the returned function stops watching."""
+        self._unwatch(self._watched)  # one request's cycle at a time is served
+        self._watched, self._on_gone = cycle, callback
+        if not (cycle.disconnected or cycle.response_complete):
+            # What receive() does before it waits.
+            self.flow.resume_reading()
+        self._wake()
+        return functools.partial(self._unwatch, cycle)
+
+    def _unwatch(self, cycle: Any) -> None:
+        if cycle is not None and self._watched is cycle:
+            if self._gone is not None:
+                self._gone.cancel()
+            self._watched = self._on_gone = self._gone = None
+
+    def _wake(self) -> None:
+        cycle = self._watched
+        if (
+            cycle is not None
+            and self._gone is None
+            and (cycle.disconnected or cycle.response_complete)
+        ):
+            # On the next turn, as the watching task would have run.
+            self._gone = self.loop.call_soon(self._went)
+
+    def _went(self) -> None:
+        callback = self._on_gone
+        self._watched = self._on_gone = self._gone = None
+        if callback is not None:
+            callback()
 
     def _cancel_timers(self) -> None:
         for timer in (self._timer, self._linger):
