@@ -215,7 +215,13 @@ class Relay:
                     if progressed:
                         deadline.move_to(min(loop.time() + self.timeouts.idle_s, self._total_at))
                     if send is not None and out:
-                        await self._send_body(send, out)
+                        writer = self.body_writer
+                        if writer is not None and self.state.headers_sent and not writer.paused:
+                            # The common case, without a coroutine per read: what
+                            # _send_body does once the head is out and nothing waits.
+                            writer.write(b"".join(out))
+                        else:
+                            await self._send_body(send, out)
                     if self._acting:
                         await self._events(send, deadline)
                 source.receive_data(b"")
