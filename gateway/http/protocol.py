@@ -100,9 +100,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._linger: asyncio.TimerHandle | None = None
         self._refusal: ErrorCode | None = None
         self._refused = False
-        self._watched: Any = None  # the cycle whose caller is watched (gateway.disconnect)
-        self._on_gone: Callable[[], None] | None = None
-        self._gone: asyncio.Handle | None = None
+        # gateway.disconnect: cycle -> [its callback, the call scheduled for it]
+        self._watches: dict[Any, list[Any]] = {}
 
     # ------------------------------------------------------- asyncio side
 
@@ -302,36 +301,33 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def _watch(self, cycle: Any, callback: Callable[[], None]) -> Callable[[], None]:
         """Call ``callback`` on a later loop turn once ``cycle``'s ``receive``
-        would answer ``http.disconnect``; the returned function stops watching."""
-        self._unwatch(self._watched)  # one request's cycle at a time is served
-        self._watched, self._on_gone = cycle, callback
+        would answer ``http.disconnect``; the returned function stops watching.
+        Each request's cycle has its own watch (a pipelined request may start
+        while the one before it is still finishing)."""
+        entry: list[Any] = [callback, None]
+        self._watches[cycle] = entry
         if not (cycle.disconnected or cycle.response_complete):
             # What receive() does before it waits.
             self.flow.resume_reading()
         self._wake()
-        return functools.partial(self._unwatch, cycle)
+        return functools.partial(self._unwatch, cycle, entry)
 
-    def _unwatch(self, cycle: Any) -> None:
-        if cycle is not None and self._watched is cycle:
-            if self._gone is not None:
-                self._gone.cancel()
-            self._watched = self._on_gone = self._gone = None
+    def _unwatch(self, cycle: Any, entry: list[Any]) -> None:
+        if self._watches.get(cycle) is entry:
+            del self._watches[cycle]
+            if entry[1] is not None:
+                entry[1].cancel()
 
     def _wake(self) -> None:
-        cycle = self._watched
-        if (
-            cycle is not None
-            and self._gone is None
-            and (cycle.disconnected or cycle.response_complete)
-        ):
-            # On the next turn, as the watching task would have run.
-            self._gone = self.loop.call_soon(self._went)
+        for cycle, entry in self._watches.items():
+            if entry[1] is None and (cycle.disconnected or cycle.response_complete):
+                # On the next turn, as the watching task would have run.
+                entry[1] = self.loop.call_soon(self._went, cycle, entry)
 
-    def _went(self) -> None:
-        callback = self._on_gone
-        self._watched = self._on_gone = self._gone = None
-        if callback is not None:
-            callback()
+    def _went(self, cycle: Any, entry: list[Any]) -> None:
+        if self._watches.get(cycle) is entry:
+            del self._watches[cycle]
+            entry[0]()
 
     def _cancel_timers(self) -> None:
         for timer in (self._timer, self._linger):

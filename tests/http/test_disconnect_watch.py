@@ -132,3 +132,42 @@ async def test_already_gone_calls_back_on_the_next_turn() -> None:
     await _turns()
     assert gone == [True]
     app.release.set()
+
+
+async def test_each_requests_watch_is_its_own() -> None:
+    """The first request answered and still finishing when the next one on the
+    connection starts: the next one's watch does not drop the first's."""
+    scopes: list[Any] = []
+    sends: list[Any] = []
+    release, arrived = asyncio.Event(), asyncio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await receive()
+        scopes.append(scope)
+        sends.append(send)
+        arrived.set()
+        await release.wait()
+
+    config = Config(app=app, lifespan="off", log_level="warning")
+    protocol = LimitedHttpProtocol(config=config, server_state=ServerState(), app_state={})
+    protocol.connection_made(cast(asyncio.Transport, _Transport()))
+    protocol.data_received(REQUEST)
+    async with asyncio.timeout(2):
+        await arrived.wait()
+    arrived.clear()
+    first: list[str] = []
+    scopes[0]["extensions"][DISCONNECT_EXTENSION](lambda: first.append("first"))
+    await sends[0]({"type": "http.response.start", "status": 200, "headers": []})
+    await sends[0]({"type": "http.response.body", "body": b"ok"})
+    # The next request starts before the first's callback ran.
+    protocol.data_received(REQUEST)
+    async with asyncio.timeout(2):
+        await arrived.wait()
+    second: list[str] = []
+    scopes[1]["extensions"][DISCONNECT_EXTENSION](lambda: second.append("second"))
+    await _turns()
+    assert first == ["first"]  # its response completed: receive would say so
+    assert second == []  # the second is open and its caller there
+    release.set()
