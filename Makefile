@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup lint test demo demo-engine bench soak fuzz clean redis-server postgresql
+.PHONY: setup lint test demo demo-engine bench bench-overhead soak fuzz clean redis-server postgresql
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,15 @@ bench: setup postgresql
 	$(BIN)/python -m bench.bench_release
 	$(BIN)/python -m bench.bench_agents
 	$(BIN)/python -m bench.bench_images_speech
+
+# The published overhead benchmark (docs/performance.md): open-loop load at
+# fixed rates, direct vs the gateway vs nginx vs (optional) the LiteLLM proxy,
+# the proxy pinned alone on one CPU. LiteLLM is installed into its own venv
+# under bench/ when pip can; never a test dependency.
+bench-overhead: setup
+	@bash bench/ensure-nginx.sh
+	@bash bench/ensure-litellm.sh
+	$(BIN)/python -m bench.overhead
 
 soak: setup
 	GATEWAY_SOAK=long $(BIN)/pytest -q -p no:cacheprovider tests/test_soak.py -s

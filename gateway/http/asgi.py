@@ -24,6 +24,9 @@ _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
 #: scope["extensions"] key of the listener's "drop this connection now" callable
 ABORT_EXTENSION = "gateway.abort"
+#: scope["extensions"] key of the listener's ``watch(callback) -> stop`` for
+#: the caller going away (gateway/http/protocol.py)
+DISCONNECT_EXTENSION = "gateway.disconnect"
 
 #: the scope each small endpoint needs (spec §4 "Scopes"); inference
 #: descriptors carry their own (gateway/apis)
@@ -116,6 +119,7 @@ async def send_error(
 
 __all__ = [
     "ABORT_EXTENSION",
+    "DISCONNECT_EXTENSION",
     "authorization_values",
     "header",
     "info_of",

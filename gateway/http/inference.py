@@ -23,12 +23,14 @@ from gateway.books.receipts import Receipt
 from gateway.core.errors import GatewayError
 from gateway.http.asgi import (
     ABORT_EXTENSION,
+    DISCONNECT_EXTENSION,
     authorization_values,
     info_of,
     runtime_of,
     send_error,
 )
 from gateway.http.bodyguard import ClientDisconnected, parse_json, read_body
+from gateway.http.bodywriter import BODY_EXTENSION
 from gateway.http.runtime import Runtime
 from gateway.pipeline import steps
 from gateway.pipeline.call import Call
@@ -67,7 +69,10 @@ class InferenceEndpoint:
             serve_identity=None,
             created=time.time(),
         )
-        exchange = Exchange(abort=scope.get("extensions", {}).get(ABORT_EXTENSION))
+        extensions = scope.get("extensions", {})
+        exchange = Exchange(
+            abort=extensions.get(ABORT_EXTENSION), body_writer=extensions.get(BODY_EXTENSION)
+        )
         media = RequestMedia(rt.evidence, tenant)
         call = Call(rt.services, info, send, tenant, receipt, exchange, media, timings)
         rt.inflight.add(exchange)
@@ -119,7 +124,12 @@ class InferenceEndpoint:
         finally:
             call.timings.plan = now() - began
 
-        watcher = asyncio.create_task(watch_disconnect(receive, call.exchange))
+        watch = scope.get("extensions", {}).get(DISCONNECT_EXTENSION)
+        if watch is not None:
+            # The listener's own watch: no task per request (gateway/http/protocol.py).
+            stop_watching = watch(call.exchange.cancel)
+        else:
+            stop_watching = asyncio.create_task(watch_disconnect(receive, call.exchange)).cancel
         try:
             await steps.run(call, routed, self.api, plan)
         except GatewayError as exc:
@@ -130,7 +140,7 @@ class InferenceEndpoint:
         except CallerStalled:
             call.exchange.stall()
         finally:
-            watcher.cancel()
+            stop_watching()
 
 
 async def _end_for_shutdown(call: Call, shape: str) -> None:

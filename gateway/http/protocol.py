@@ -32,6 +32,16 @@ Theory of operation (each limit closes one way a caller can hold the gateway):
   (A body the app does read has its own deadline, ``limits.read_body``.)
 - **Abort.** ``scope["extensions"]["gateway.abort"]`` closes the connection at
   once, for a caller that stopped reading its stream (see ``streaming.py``).
+- **Body frames.** ``scope["extensions"]["gateway.body"]`` writes a streamed
+  response's body frames to the connection directly (``bodywriter.py``).
+- **Disconnects.** ``scope["extensions"]["gateway.disconnect"]`` is
+  ``watch(callback) -> stop``: ``callback`` runs (on the next loop turn) once
+  the request's ``receive`` would answer ``http.disconnect`` -- the caller gone,
+  the connection refused or aborted, or the response complete -- unless
+  ``stop`` was called first. It is what a task looping on ``receive`` until
+  ``http.disconnect`` does (``watch_disconnect``), without the task, the
+  coroutine and the wake-ups per request; like that task's first
+  ``receive``, it resumes reading the connection.
 - Refusals are OpenAI-shaped JSON with ``connection: close``. A refusal for
   a request's own body (bad framing, oversized trailers) answers it if the
   app has not answered yet (the app's reply is then discarded). Otherwise,
@@ -48,6 +58,7 @@ import functools
 import logging
 import socket
 import struct
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any, cast
 
@@ -57,7 +68,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.config import ListenConfig
 from gateway.core.errors import ErrorCode, GatewayError
-from gateway.http.asgi import ABORT_EXTENSION
+from gateway.http.asgi import ABORT_EXTENSION, DISCONNECT_EXTENSION
+from gateway.http.bodywriter import BODY_EXTENSION, BodyWriter
 from gateway.http.cork import CorkedTransport
 from gateway.observe.metrics import UNKNOWN_TENANT
 
@@ -88,6 +100,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._linger: asyncio.TimerHandle | None = None
         self._refusal: ErrorCode | None = None
         self._refused = False
+        # gateway.disconnect: cycle -> [its callback, the call scheduled for it]
+        self._watches: dict[Any, list[Any]] = {}
 
     # ------------------------------------------------------- asyncio side
 
@@ -100,6 +114,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
         super().connection_lost(exc)
+        self._wake()
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
@@ -131,6 +146,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        self._wake()
         if not self._message_done and not self.transport.is_closing():
             self._linger = self.loop.call_later(self.body_timeout_s, self._close)
 
@@ -168,9 +184,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         # This request's own cycle (a pipelined one may follow before it ends);
         # the app's task starts on a later loop turn, after this is in place.
         scope = cast(dict[str, Any], self.scope)
-        scope.setdefault("extensions", {})[ABORT_EXTENSION] = functools.partial(
-            self._abort, self.cycle
-        )
+        extensions = scope.setdefault("extensions", {})
+        extensions[ABORT_EXTENSION] = functools.partial(self._abort, self.cycle)
+        extensions[BODY_EXTENSION] = BodyWriter(self.cycle)
+        extensions[DISCONNECT_EXTENSION] = functools.partial(self._watch, self.cycle)
 
     def on_body(self, body: bytes) -> None:
         self._since_body = 0
@@ -243,6 +260,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             # answer it here; the app's own reply is discarded.
             cycle.disconnected = True
             cycle.message_event.set()
+            self._wake()
         self.transport.write(refusal_bytes(code))
         self.transport.close()
 
@@ -266,6 +284,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             # before the transport reports the loss.
             cycle.disconnected = True
             cycle.message_event.set()
+            self._wake()
         if not self.transport.is_closing():
             sock = self.transport.get_extra_info("socket")
             with contextlib.suppress(AttributeError, OSError):
@@ -277,6 +296,38 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def _close(self) -> None:
         if not self.transport.is_closing():
             self.transport.close()
+
+    # ---------------------------------------------- gateway.disconnect
+
+    def _watch(self, cycle: Any, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` on a later loop turn once ``cycle``'s ``receive``
+        would answer ``http.disconnect``; the returned function stops watching.
+        Each request's cycle has its own watch (a pipelined request may start
+        while the one before it is still finishing)."""
+        entry: list[Any] = [callback, None]
+        self._watches[cycle] = entry
+        if not (cycle.disconnected or cycle.response_complete):
+            # What receive() does before it waits.
+            self.flow.resume_reading()
+        self._wake()
+        return functools.partial(self._unwatch, cycle, entry)
+
+    def _unwatch(self, cycle: Any, entry: list[Any]) -> None:
+        if self._watches.get(cycle) is entry:
+            del self._watches[cycle]
+            if entry[1] is not None:
+                entry[1].cancel()
+
+    def _wake(self) -> None:
+        for cycle, entry in self._watches.items():
+            if entry[1] is None and (cycle.disconnected or cycle.response_complete):
+                # On the next turn, as the watching task would have run.
+                entry[1] = self.loop.call_soon(self._went, cycle, entry)
+
+    def _went(self, cycle: Any, entry: list[Any]) -> None:
+        if self._watches.get(cycle) is entry:
+            del self._watches[cycle]
+            entry[0]()
 
     def _cancel_timers(self) -> None:
         for timer in (self._timer, self._linger):

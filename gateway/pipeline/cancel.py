@@ -24,6 +24,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.types import BodyWriter
+
 #: how long a final message may wait for a caller that stopped reading
 LAST_WORDS_S = 1.0
 
@@ -42,6 +44,8 @@ class Exchange:
 
     #: the listener's "drop this connection now" (gateway.http.protocol), if served by it
     abort: Callable[[], None] | None = None
+    #: the listener's writer of this response's body frames (gateway.http.bodywriter), if any
+    body_writer: BodyWriter | None = None
     #: the request's cancel scope (an asyncio timeout with no deadline until cancel)
     scope: asyncio.Timeout | None = None
     disconnected: bool = False

@@ -4,9 +4,14 @@ Theory of operation:
 
 - Bytes are read from the worker as they arrive, hashed (``stream_sha256``)
   and fed to the dialect's sans-I/O source (an SSE validator, or a JSON body).
-  Every frame the dialect releases in one read is re-emitted in one ASGI
-  send, so a caller sees each event as soon as it is validated; each ``await
-  send`` applies the caller's backpressure to the worker's stream.
+  Every frame the dialect releases in one read is re-emitted as one body
+  message, so a caller sees each event as soon as it is validated; each
+  applies the caller's backpressure to the worker's stream. After the head,
+  a listener's :class:`~gateway.types.BodyWriter` (when it offers one) writes
+  them to the connection directly: the same chunk, without an ASGI message
+  and two wrappers per read; a full caller buffer is awaited first, as
+  ``send`` awaits it. The head, the terminator and an error frame always go
+  through ``send``.
 - Response headers go out with the first valid event (a keep-alive counts).
   Before that, any failure propagates as a :class:`GatewayError` and becomes an
   ordinary HTTP error; after it, the stream ends with the dialect's one error
@@ -47,7 +52,7 @@ from gateway.core.replies import Pieces, send_json, send_pieces
 from gateway.core.sse import NEED_DATA, Done, KeepAlive
 from gateway.pipeline.cancel import CallerStalled
 from gateway.pipeline.deadline import Deadline
-from gateway.types import Send
+from gateway.types import BodyWriter, Send
 from gateway.upstream.base import WorkerStream
 
 Opener = Callable[[], Awaitable[WorkerStream]]
@@ -105,8 +110,10 @@ class Relay:
         abort: Callable[[], None] | None = None,
         on_head: Callable[[bytes], None] | None = None,
         actor: Actor | None = None,
+        body_writer: BodyWriter | None = None,
     ) -> None:
         self.dialect = dialect
+        self.body_writer = body_writer
         self.actor = actor
         self._acting = False
         self.timeouts = timeouts
@@ -208,7 +215,13 @@ class Relay:
                     if progressed:
                         deadline.move_to(min(loop.time() + self.timeouts.idle_s, self._total_at))
                     if send is not None and out:
-                        await self._send_body(send, out)
+                        writer = self.body_writer
+                        if writer is not None and self.state.headers_sent and not writer.paused:
+                            # The common case, without a coroutine per read: what
+                            # _send_body does once the head is out and nothing waits.
+                            writer.write(b"".join(out))
+                        else:
+                            await self._send_body(send, out)
                     if self._acting:
                         await self._events(send, deadline)
                 source.receive_data(b"")
@@ -297,9 +310,19 @@ class Relay:
                 send,
                 {"type": "http.response.start", "status": 200, "headers": self.response_headers},
             )
-        await self._send(
-            send, {"type": "http.response.body", "body": b"".join(frames), "more_body": True}
-        )
+            if self.body_writer is not None and not self.body_writer.ready():
+                self.body_writer = None  # not a chunked stream after all: send throughout
+        body = b"".join(frames)
+        writer = self.body_writer
+        if writer is None:
+            await self._send(send, {"type": "http.response.body", "body": body, "more_body": True})
+            return
+        if writer.paused:
+            # As send does: the caller's buffer drains before more is written.
+            self._sending = True
+            await writer.drain()
+            self._sending = False
+        writer.write(body)
 
     async def _send(self, send: Send, message: dict[str, Any]) -> None:
         # Left True when the send is cancelled: the deadline then knows whom it cut.

@@ -136,6 +136,7 @@ async def _attempt(
         response_headers=headers,
         abort=call.exchange.drop_connection,
         actor=run,
+        body_writer=call.exchange.body_writer,
         # An audio body's format may be in its head alone (audio/pcm;rate=…).
         on_head=_head_reader(dialect) if api.endpoint.exchange == "audio" else None,
     )

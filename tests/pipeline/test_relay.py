@@ -40,12 +40,15 @@ def _relay(
     collect: bool = False,
     timeouts: Timeouts = SLOW,
     abort: Any = None,
+    body_writer: Any = None,
 ) -> Relay:
     dialect = ChatApi().dialect(plan or chat_plan(), StreamBounds(), collect=collect)
     # Pinned: the gateway's id is random per request (spec §21), the relay's
     # byte-for-byte checks need one they can write down.
     dialect.id = GATEWAY_ID  # type: ignore[attr-defined]
-    return Relay(dialect, timeouts=timeouts, response_headers=HEADERS, abort=abort)
+    return Relay(
+        dialect, timeouts=timeouts, response_headers=HEADERS, abort=abort, body_writer=body_writer
+    )
 
 
 GATEWAY_ID = "chatcmpl-test"
@@ -412,6 +415,83 @@ async def test_end_with_error_without_abort_just_gives_up() -> None:
     async with asyncio.timeout(4):
         await relay.end_with_error(caller.send, GatewayError("upstream_error"), 0.02)
     assert relay.state.finished and caller.bodies == [_error_frame("upstream_error")]
+
+
+# -- the listener's body writer ----------------------------------------------
+
+
+class _Writer:
+    """A listener's BodyWriter: records frames; ``paused`` until ``resume``
+    (never, for a caller that stopped reading)."""
+
+    def __init__(self, *, ready: bool = True, paused: bool = False) -> None:
+        self.frames: list[bytes] = []
+        self._ready = ready
+        self._writable = asyncio.Event()
+        if not paused:
+            self._writable.set()
+        self.drains = 0
+
+    def ready(self) -> bool:
+        return self._ready
+
+    @property
+    def paused(self) -> bool:
+        return not self._writable.is_set()
+
+    async def drain(self) -> None:
+        self.drains += 1
+        await self._writable.wait()
+
+    def resume(self) -> None:
+        self._writable.set()
+
+    def write(self, body: bytes) -> None:
+        self.frames.append(body)
+
+
+async def test_after_the_head_frames_go_to_the_body_writer_not_send() -> None:
+    writer = _Writer()
+    relay, caller = _relay(body_writer=writer), Caller()
+    await _stream(relay, _random_splits(VALID, 7), caller)
+    await relay.end(caller.send)
+    # The head and the terminator through send; every frame between through the writer.
+    assert [m["type"] for m in caller.messages] == ["http.response.start", "http.response.body"]
+    assert caller.bodies == [DONE]
+    assert b"".join(writer.frames) == b"".join(_expected_frames(VALID))
+    assert writer.drains == 0
+
+
+async def test_a_writer_that_does_not_apply_leaves_every_frame_to_send() -> None:
+    writer = _Writer(ready=False)
+    relay, caller = _relay(body_writer=writer), Caller()
+    await _stream(relay, [VALID], caller)
+    assert writer.frames == []
+    assert caller.body == b"".join(_expected_frames(VALID))
+
+
+async def test_a_full_callers_buffer_is_drained_before_the_next_frame() -> None:
+    writer = _Writer(paused=True)
+    relay, caller = _relay(body_writer=writer), Caller()
+    task = asyncio.ensure_future(_stream(relay, [VALID], caller))
+    await eventually_async(lambda: writer.drains == 1, "the relay waits on the drain", 2)
+    assert writer.frames == [] and not task.done()  # nothing written while paused
+    writer.resume()
+    async with asyncio.timeout(4):
+        await task
+    assert b"".join(writer.frames) == b"".join(_expected_frames(VALID))
+
+
+async def test_a_drain_past_the_deadline_is_caller_stalled() -> None:
+    # The caller took the head, then its buffer stayed full.
+    writer = _Writer(paused=True)
+    relay, caller = _relay(timeouts=Timeouts(5, 0.05, 5), body_writer=writer), Caller()
+    upstream = FakeUpstream([event(chunk("a"))], end=False)
+    with pytest.raises(CallerStalled):
+        async with asyncio.timeout(4):
+            await relay.stream_to(upstream.opener(), caller.send)
+    assert writer.frames == [] and writer.drains == 1
+    assert len(caller.starts) == 1 and not relay.state.finished
 
 
 # -- a non-streaming caller ---------------------------------------------------
