@@ -10,10 +10,14 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,engine,otel]'
+	$(BIN)/python -m pip install -q -e '.[test,engine,otel,native]'
 	touch $(STAMP)
 
+# The hot pure core compiled in place with mypyc when a C compiler is present
+# (one line says so when not: then everything runs pure); nothing to do when
+# the build matches the sources (gateway/native.py, gateway/tools/build_native.py).
 setup: $(STAMP)
+	@$(BIN)/python -m gateway.tools.build_native
 
 lint: setup
 	$(BIN)/ruff check gateway tests bench
@@ -29,8 +33,19 @@ redis-server:
 postgresql:
 	@bash tests/support/ensure-postgresql.sh
 
+# The whole suite against the build `make setup` made (compiled where a C
+# compiler is), then the compiled modules' own tests against the pure-Python
+# modules (GATEWAY_PURE=1); tests/test_native.py proves which build each ran.
+PURE_TESTS := tests/test_native.py tests/core tests/apis tests/pipeline tests/fuzz
+
 test: lint redis-server postgresql
-	$(BIN)/pytest -q -p no:cacheprovider
+	@build=$$($(BIN)/python -m gateway.tools.build_native --expect); \
+	echo "make test: the whole suite on the $$build build"; \
+	GATEWAY_EXPECT_BUILD=$$build $(BIN)/pytest -q -p no:cacheprovider || exit $$?; \
+	if [ "$$build" != pure ]; then \
+	  echo "make test: the compiled modules' tests on the pure-Python build"; \
+	  GATEWAY_PURE=1 GATEWAY_EXPECT_BUILD=pure $(BIN)/pytest -q -p no:cacheprovider $(PURE_TESTS); \
+	fi
 
 demo: setup
 	$(BIN)/mistralrs-gateway demo
@@ -72,4 +87,6 @@ fuzz: setup redis-server postgresql
 	GATEWAY_FUZZ=long $(BIN)/pytest -q -p no:cacheprovider -m fuzz -s --hypothesis-show-statistics
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis .import_linter_cache var
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis .import_linter_cache var build
+	rm -f gateway/_native.json
+	find gateway -name '*.so' -delete

@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from mypy_extensions import mypyc_attr
+
 from gateway.apis.agents.events import AgentEvents
 from gateway.config.agents import RouteAgents
 from gateway.config.media import ImagesConfig, SpeechConfig
@@ -174,6 +176,15 @@ class OutputText:
         self.bytes = 0
         self.nul_replaced = 0
 
+    def _utf8_length(self, value: str) -> int:
+        try:
+            return len(value.encode("utf-8"))
+        except UnicodeEncodeError:
+            pass
+        # A lone surrogate escape (\ud800) decodes but cannot be re-sent. Raised
+        # outside the handler: the encode error holds the text (model output).
+        raise violation(f"Upstream {self._what} text is not valid Unicode.")
+
     def scrub(self, value: str) -> str:
         """``value``, which holds NUL, under the ``text_nul`` rule."""
         if self._text_nul == "reject":
@@ -185,11 +196,10 @@ class OutputText:
         return value
 
     def count(self, value: str) -> None:
-        try:
-            self.bytes += len(value) if value.isascii() else len(value.encode("utf-8"))
-        except UnicodeEncodeError:
-            # a lone surrogate escape (\ud800) decodes but cannot be re-sent
-            raise violation(f"Upstream {self._what} text is not valid Unicode.") from None
+        if value.isascii():
+            self.bytes += len(value)
+        else:
+            self.bytes += self._utf8_length(value)
         if self.bytes > self._max_bytes:
             raise violation("Upstream stream exceeded the text size limit.")
 
@@ -293,6 +303,8 @@ class Dialect(Protocol):
         ...
 
 
+# Compiled (gateway/native.py), a class is closed to Python subclasses unless it says so.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class OneCall:
     """What a dialect of a one-call plan says when asked for another (never)."""
 

@@ -137,7 +137,7 @@ class StreamValidator(Generic[T_co]):
 
     def __init__(self, framing: Framing, grammar: Grammar[T_co]) -> None:
         self.framing = framing
-        self.grammar = grammar
+        self._grammar = grammar
         self._error: GatewayError | None = None
         self._closed = False
         self._buf = bytearray()
@@ -155,6 +155,12 @@ class StreamValidator(Generic[T_co]):
         self._events = 0
 
     # -- read-only view -------------------------------------------------------
+
+    @property
+    def grammar(self) -> Grammar[T_co]:
+        # A property, not an attribute, so a subclass may narrow its type (a
+        # compiled class's attributes keep the type they were declared with).
+        return self._grammar
 
     @property
     def error(self) -> GatewayError | None:
@@ -219,7 +225,7 @@ class StreamValidator(Generic[T_co]):
             raise
 
     def _next_event(self) -> KeepAlive | T_co | Done | NeedData:
-        grammar = self.grammar
+        grammar = self._grammar
         while True:
             if grammar.terminated:
                 return self._after_terminator()
@@ -304,10 +310,14 @@ class StreamValidator(Generic[T_co]):
         if buf[end] == _CR:
             self._skip_lf = True
         try:
-            line = buf[start:end].decode("utf-8")
+            line: str | None = buf[start:end].decode("utf-8")
         except UnicodeDecodeError:
-            # from None: the decode error carries the raw bytes (model output)
-            raise violation("Upstream stream is not valid UTF-8.") from None
+            line = None
+        if line is None:
+            # Raised outside the handler: the decode error carries the raw bytes
+            # (model output) and must not ride along as the context (``from
+            # None`` would do in Python, but not in the compiled build).
+            raise violation("Upstream stream is not valid UTF-8.")
         if self._first_line:
             self._first_line = False
             line = line.removeprefix("\ufeff")
@@ -352,7 +362,7 @@ class StreamValidator(Generic[T_co]):
             return _SLOW
         self._pos = end + 2
         self._events += 1
-        return self.grammar.on_event(name, data)
+        return self._grammar.on_event(name, data)
 
     def _lf_line_end(self, at: int) -> int:
         """Where the line at ``at`` ends when it ends with a bare LF (no CR in
@@ -386,8 +396,8 @@ class StreamValidator(Generic[T_co]):
         if not self._data:
             if name is not None:
                 # A named event without data is still a named event, not a keep-alive.
-                return self.grammar.on_event(name, "")
+                return self._grammar.on_event(name, "")
             return KeepAlive()
         data = "\n".join(self._data) if len(self._data) > 1 else self._data[0]
         self._data.clear()
-        return self.grammar.on_event(name, data)
+        return self._grammar.on_event(name, data)

@@ -91,8 +91,6 @@ class _AgentChat(AgentStream[Chunk]):
 class AgentChunkValidator(StreamValidator[Chunk | AgentEvent]):
     """Chat chunks and agentic events under one WHATWG framing."""
 
-    grammar: _AgentChat
-
     def __init__(self, rules: StreamRules, machine: AgentEvents) -> None:
         bound = line_bound(rules.max_line_bytes, machine.limits.files_max_bytes)
         rules = dataclasses.replace(
@@ -100,7 +98,12 @@ class AgentChunkValidator(StreamValidator[Chunk | AgentEvent]):
         )
         self.chunks = ChunkGrammar(rules)
         self.machine = machine
-        super().__init__(rules.framing, _AgentChat(self.chunks, machine, _is_final))
+        self._agent_chat = _AgentChat(self.chunks, machine, _is_final)
+        super().__init__(rules.framing, self._agent_chat)
+
+    @property
+    def grammar(self) -> _AgentChat:
+        return self._agent_chat
 
     def next_event(self) -> Any:
         try:
@@ -110,8 +113,10 @@ class AgentChunkValidator(StreamValidator[Chunk | AgentEvent]):
                 raise
             # The framing's EOF: a protocol error when it fell inside a round.
             error = self.grammar.eof(exc)
-            self._error = error
-            raise error.with_traceback(None) from None
+        # Raised outside the handler, so with no context (``from None`` would
+        # do in Python, but not in the compiled build).
+        self._error = error
+        raise error.with_traceback(None)
 
 
 def agent_source(rules: StreamRules, machine: AgentEvents) -> AgentChunkValidator:

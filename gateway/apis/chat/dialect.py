@@ -61,8 +61,6 @@ __all__ = [
 class ChunkDialect(OneCall):
     """One chat or completion answer, for a streaming or a non-streaming caller."""
 
-    terminal_frame = DONE_FRAME
-
     def __init__(
         self,
         kind: Literal["chat", "completion"],

@@ -112,6 +112,16 @@ class StreamState(enum.Enum):
     ERROR = "error"
 
 
+def _unparsed(data: str) -> GatewayError:
+    """A data payload that is not JSON: the worker's raw-text error unless it
+    opens like JSON (then it is a broken chunk)."""
+    if data.lstrip()[:1] in ("{", "["):
+        return violation("Upstream chunk is not valid JSON.")
+    if not data:
+        return violation("Upstream sent an empty data event.")
+    return GatewayError("upstream_error")
+
+
 class ChunkGrammar:
     """Chat/completion chunk rules over framed events; see the module docstring."""
 
@@ -155,17 +165,18 @@ class ChunkGrammar:
         self.state = StreamState.DONE
 
     def _on_payload(self, data: str) -> Chunk:
+        # A failure is raised outside the handler: the decoder's error holds
+        # the document (model output) and must not ride along as the context
+        # (``from None`` would do in Python, but not in the compiled build).
+        failure: GatewayError | None = None
         try:
             obj = self._rules.loads(data)
         except RecursionError:
-            raise violation("Upstream chunk is nested too deeply.") from None
+            failure = violation("Upstream chunk is nested too deeply.")
         except ValueError:
-            # from None: the decoder's error holds the document (model output)
-            if data.lstrip()[:1] in ("{", "["):
-                raise violation("Upstream chunk is not valid JSON.") from None
-            if not data:
-                raise violation("Upstream sent an empty data event.") from None
-            raise GatewayError("upstream_error") from None
+            failure = _unparsed(data)
+        if failure is not None:
+            raise failure
         if not isinstance(obj, dict):
             raise violation("Upstream chunk is not a JSON object.")
         if obj.get("error") is not None:
@@ -299,14 +310,18 @@ class ChunkGrammar:
 class SSEValidator(StreamValidator[Chunk]):
     """A chat/completion stream: WHATWG framing under :class:`ChunkGrammar`."""
 
-    grammar: ChunkGrammar
-
     def __init__(self, rules: StreamRules) -> None:
-        super().__init__(rules.framing, ChunkGrammar(rules))
+        chunks = ChunkGrammar(rules)
+        super().__init__(rules.framing, chunks)
+        self._chunks = chunks
+
+    @property
+    def grammar(self) -> ChunkGrammar:
+        return self._chunks
 
     @property
     def chunks(self) -> ChunkGrammar:
-        return self.grammar
+        return self._chunks
 
     @property
     def state(self) -> StreamState:
@@ -314,32 +329,32 @@ class SSEValidator(StreamValidator[Chunk]):
             return StreamState.ERROR
         if self.closed:
             return StreamState.CLOSED
-        return self.grammar.state
+        return self._chunks.state
 
     @property
     def text_bytes(self) -> int:
-        return self.grammar.text.bytes
+        return self._chunks.text.bytes
 
     @property
     def finish_reason(self) -> str | None:
-        return self.grammar.finish_reason
+        return self._chunks.finish_reason
 
     @property
     def usage(self) -> dict[str, Any] | None:
-        return self.grammar.usage
+        return self._chunks.usage
 
     @property
     def chunk_id(self) -> str | None:
-        return self.grammar.chunk_id
+        return self._chunks.chunk_id
 
     @property
     def created(self) -> int | None:
-        return self.grammar.created
+        return self._chunks.created
 
     @property
     def model(self) -> str | None:
-        return self.grammar.model
+        return self._chunks.model
 
     @property
     def nul_replaced(self) -> int:
-        return self.grammar.text.nul_replaced
+        return self._chunks.text.nul_replaced

@@ -327,6 +327,10 @@ class CountTokensDialect(OneCall):
         return {"input_tokens": self._tokens}
 
 
+#: the delta type each content block kind takes
+_DELTAS = {"text": "text_delta", "thinking": "thinking_delta", "tool_use": "input_json_delta"}
+
+
 class EventGrammar:
     """The Anthropic stream's order (module docstring), event by event.
 
@@ -334,8 +338,6 @@ class EventGrammar:
     the first event out of order; ``end()`` on a stream that ended early.
     Unknown and agentic events (``agentic_tool_call_progress`` …) fail closed.
     """
-
-    _DELTAS = {"text": "text_delta", "thinking": "thinking_delta", "tool_use": "input_json_delta"}
 
     def __init__(self) -> None:
         self.state = "start"
@@ -384,7 +386,7 @@ class EventGrammar:
         if data.get("index") != self.next_index or not isinstance(block, dict):
             raise violation("content_block_start out of index order.")
         kind = block.get("type")
-        if not isinstance(kind, str) or kind not in self._DELTAS:
+        if not isinstance(kind, str) or kind not in _DELTAS:
             raise violation("An unknown content block type.")
         self.open = (self.next_index, kind)
         self.next_index += 1
@@ -393,7 +395,7 @@ class EventGrammar:
         delta = data.get("delta")
         if self.open is None or data.get("index") != self.open[0] or not isinstance(delta, dict):
             raise violation("content_block_delta outside its open block.")
-        expected = self._DELTAS[self.open[1]]
+        expected = _DELTAS[self.open[1]]
         kind = delta.get("type")
         if kind != expected and not (self.open[1] == "thinking" and kind == "signature_delta"):
             raise violation("A content block delta of the wrong kind.")

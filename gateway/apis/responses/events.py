@@ -60,7 +60,7 @@ from gateway.apis.responses.fill import (
 )
 from gateway.apis.usage import estimate_output_tokens, usage_count
 from gateway.core.errors import GatewayError
-from gateway.core.sse import StreamValidator, violation
+from gateway.core.sse import Framing, StreamValidator, violation
 
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 OUTPUT_EVENTS = frozenset(
@@ -133,7 +133,9 @@ def _content_parts(
             continue
         content = entry.get("content")
         if isinstance(content, list):
-            yield from (part for part in content if isinstance(part, dict))
+            for part in content:
+                if isinstance(part, dict):
+                    yield part
 
 
 class ResponsesGrammar:
@@ -198,13 +200,18 @@ class ResponsesGrammar:
         return ResponseEvent(name, obj, text)
 
     def _parse(self, data: str) -> dict[str, Any]:
+        # A failure is raised outside the handler: the decoder's error holds
+        # the document (model output) and must not ride along as the context
+        # (``from None`` would do in Python, but not in the compiled build).
+        failure: GatewayError | None = None
         try:
             obj = self._loads(data)
         except RecursionError:
-            raise violation("Upstream event is nested too deeply.") from None
+            failure = violation("Upstream event is nested too deeply.")
         except ValueError:
-            # from None: the decoder's error holds the document (model output)
-            raise violation("Upstream event is not valid JSON.") from None
+            failure = violation("Upstream event is not valid JSON.")
+        if failure is not None:
+            raise failure
         if not isinstance(obj, dict):
             raise violation("Upstream event is not a JSON object.")
         return obj
@@ -296,7 +303,13 @@ class ResponsesGrammar:
 
 
 class ResponsesValidator(StreamValidator[ResponseEvent]):
-    grammar: ResponsesGrammar
+    def __init__(self, framing: Framing, grammar: ResponsesGrammar) -> None:
+        super().__init__(framing, grammar)
+        self._responses = grammar
+
+    @property
+    def grammar(self) -> ResponsesGrammar:
+        return self._responses
 
 
 _OUTCOMES = {"response.completed": "complete", "response.failed": "upstream_error"}
@@ -305,10 +318,10 @@ _OUTCOMES = {"response.completed": "complete", "response.failed": "upstream_erro
 class ResponsesDialect(OneCall):
     """One Responses answer, for a streaming or a non-streaming caller."""
 
-    terminal_frame = DONE_FRAME
     usage_source = "reported"
 
     def __init__(self, plan: Plan, bounds: StreamBounds, *, collect: bool) -> None:
+        self.terminal_frame = DONE_FRAME
         grammar = ResponsesGrammar(
             max_output_tokens=plan.max_tokens,
             max_prompt_tokens=bounds.max_prompt_tokens,
