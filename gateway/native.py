@@ -41,6 +41,7 @@ COMPILED = (
     "gateway.apis.usage",
     "gateway.apis.ids",
     "gateway.apis.base",
+    "gateway.apis.chat.plain",
     "gateway.apis.chat.grammar",
     "gateway.apis.chat.answer",
     "gateway.apis.chat.agentic",

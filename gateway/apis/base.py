@@ -36,7 +36,7 @@ from gateway.config.media import ImagesConfig, SpeechConfig
 from gateway.config.policy import Tenant
 from gateway.core.errors import GatewayError
 from gateway.core.replies import Pieces
-from gateway.core.sse import Framing, violation
+from gateway.core.sse import NEED_DATA, Done, Framing, KeepAlive, violation
 
 MediaKind = Literal["image", "audio", "video"]
 TextNul = Literal["replace", "pass", "reject"]
@@ -301,6 +301,54 @@ class Dialect(Protocol):
         """Before the next worker call of a plan that makes several: a fresh
         source; what earlier calls produced stays for the answer."""
         ...
+
+
+#: what :func:`pump` stopped at (flags): events completed in this call, the
+#: first content is there now, the actor must act, the answer ended validly
+PROGRESSED, CONTENT, ACT, DONE = 1, 2, 4, 8
+#: a keep-alive, as the caller gets it
+KEEPALIVE_FRAME = b":\n\n"
+
+
+def pump(
+    dialect: Dialect,
+    out: list[bytes],
+    streaming: bool,
+    watch_content: bool,
+    note: Callable[[Any], bool] | None,
+) -> int:
+    """The relay's per-event loop (``pipeline/relay.py``), compiled with the
+    core: every event the dialect's source has now, each item's frame (and a
+    streaming caller's keep-alives) appended to ``out``. Returns the flags
+    above when the source needs data, at the answer's valid end (:data:`DONE`
+    alone), right after the item that gave the dialect its first content
+    when ``watch_content`` (:data:`CONTENT`: the relay notes the time and
+    calls again), and after an item ``note`` says needs the actor
+    (:data:`ACT`). A :class:`GatewayError` propagates with ``out`` holding
+    the frames of every item before it."""
+    source = dialect.source
+    status = 0
+    while True:
+        event = source.next_event()
+        if event is NEED_DATA:
+            return status
+        if isinstance(event, Done):
+            return DONE
+        status = PROGRESSED
+        if isinstance(event, KeepAlive):
+            if streaming:
+                out.append(KEEPALIVE_FRAME)
+            continue
+        frame = dialect.on_item(event)
+        if watch_content and dialect.has_content:
+            status |= CONTENT
+        if frame is not None:
+            out.append(frame)
+        if note is not None and note(event):
+            # The worker waits for the gateway: act before reading on.
+            return status | ACT
+        if status & CONTENT:
+            return status
 
 
 # Compiled (gateway/native.py), a class is closed to Python subclasses unless it says so.

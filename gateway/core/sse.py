@@ -153,6 +153,8 @@ class StreamValidator(Generic[T_co]):
         self._name: str | None = None
         self._data: list[str] = []
         self._events = 0
+        #: the text of the line :meth:`_lf_line` found last
+        self._line = ""
 
     # -- read-only view -------------------------------------------------------
 
@@ -330,47 +332,51 @@ class StreamValidator(Generic[T_co]):
         Responses and Messages form), with no CR in it; else :data:`_SLOW` and
         nothing consumed: the general path then frames it, with the same result
         and the same errors."""
-        buf, start = self._buf, self._pos
+        start = self._pos
         framing = self.framing
+        end = self._lf_line(start)
+        if end < 0:
+            return _SLOW
+        line = self._line
         name: str | None = None
-        data_at = start
-        name_bytes = 0
-        if buf.startswith(b"event: ", start):
-            name_end = self._lf_line_end(start)
-            if name_end < 0 or name_end - start > framing.max_line_bytes:
+        # the event's bytes: its lines without their LFs
+        event_bytes = end - start
+        if line.startswith("event: "):
+            name = line[7:] or None
+            end = self._lf_line(end + 1)
+            if end < 0:
                 return _SLOW
-            try:
-                name = buf[start + 7 : name_end].decode("utf-8") or None
-            except UnicodeDecodeError:
-                return _SLOW
-            data_at = name_end + 1
-            name_bytes = name_end - start
-        if not buf.startswith(b"data: ", data_at):
+            line = self._line
+            event_bytes = end - start - 1
+        if not line.startswith("data: "):
             return _SLOW
-        end = self._lf_line_end(data_at)
-        if end < 0 or end + 1 >= len(buf) or buf[end + 1] != _LF:
+        buf = self._buf
+        if end + 1 >= len(buf) or buf[end + 1] != _LF:
             return _SLOW
-        if end - data_at > framing.max_line_bytes:
-            return _SLOW
-        if name_bytes + end - data_at > framing.max_event_bytes:
+        if event_bytes > framing.max_event_bytes:
             return _SLOW
         if self._events >= framing.max_events:
             return _SLOW
-        try:
-            data = buf[data_at + 6 : end].decode("utf-8")
-        except UnicodeDecodeError:
-            return _SLOW
         self._pos = end + 2
         self._events += 1
-        return self._grammar.on_event(name, data)
+        return self._grammar.on_event(name, line[6:])
 
-    def _lf_line_end(self, at: int) -> int:
-        """Where the line at ``at`` ends when it ends with a bare LF (no CR in
-        it), else -1. Two ``find``s (memchr) cost less than the regex."""
+    def _lf_line(self, at: int) -> int:
+        """Where the line at ``at`` ends when it ends with a bare LF, is within
+        the line bound, is UTF-8 and holds no CR (its text then in ``_line``);
+        else -1. One ``find`` (memchr) and a decode: the text is then searched
+        as a str."""
         buf = self._buf
         end = buf.find(b"\n", at)
-        if end < 0 or buf.find(b"\r", at, end) >= 0:
+        if end < 0 or end - at > self.framing.max_line_bytes:
             return -1
+        try:
+            line = buf[at:end].decode("utf-8")
+        except UnicodeDecodeError:
+            return -1
+        if "\r" in line:
+            return -1
+        self._line = line
         return end
 
     def _on_field(self, line: str) -> None:

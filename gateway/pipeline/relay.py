@@ -46,10 +46,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gateway.apis.base import Dialect
+from gateway.apis.base import ACT, CONTENT, DONE, PROGRESSED, Dialect, pump
 from gateway.core.errors import GatewayError
 from gateway.core.replies import Pieces, send_json, send_pieces
-from gateway.core.sse import NEED_DATA, Done, KeepAlive
 from gateway.pipeline.cancel import CallerStalled
 from gateway.pipeline.deadline import Deadline
 from gateway.types import BodyWriter, Send
@@ -70,9 +69,6 @@ class Actor(Protocol):
         ...
 
     async def act(self, emit: Emit | None) -> list[bytes]: ...
-
-
-KEEPALIVE_FRAME = b":\n\n"
 
 
 def _within(seconds: float) -> Deadline:
@@ -277,31 +273,24 @@ class Relay:
             await self._send_body(send, frames)
 
     def _drain(self, out: list[bytes], streaming: bool, *, at_eof: bool = False) -> bool:
-        """Append the frames for every event now available. Returns whether any
+        """Append the frames for every event now available (the loop over them
+        is ``apis.base.pump``, compiled with the core). Returns whether any
         event completed (before EOF) or whether the answer ended validly (at EOF)."""
         progressed = False
-        dialect = self.dialect
-        source = dialect.source
+        note = None if self.actor is None else self.actor.note
         while True:
-            event = source.next_event()
-            if event is NEED_DATA:
-                return progressed and not at_eof
-            if isinstance(event, Done):
-                return True
-            progressed = True
-            if isinstance(event, KeepAlive):
-                if streaming:
-                    out.append(KEEPALIVE_FRAME)
-                continue
-            frame = dialect.on_item(event)
-            if self.state.first_content_at is None and dialect.has_content:
+            watch = self.state.first_content_at is None
+            status = pump(self.dialect, out, streaming, watch, note)
+            if status & CONTENT:
                 self.state.first_content_at = time.monotonic()
-            if frame is not None:
-                out.append(frame)
-            if self.actor is not None and self.actor.note(event):
-                # The worker waits for the gateway: act before reading on.
+            if status & DONE:
+                return True
+            progressed = progressed or bool(status & PROGRESSED)
+            if status & ACT:
                 self._acting = True
-                return progressed and not at_eof
+            elif status & CONTENT:
+                continue
+            return progressed and not at_eof
 
     async def _send_body(self, send: Send, frames: list[bytes]) -> None:
         if not self.state.headers_sent:

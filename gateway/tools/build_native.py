@@ -84,8 +84,9 @@ def _mypyc_extensions(paths: list[str]) -> list[Any]:
 
 
 def _cython_extensions(paths: list[str]) -> list[Any]:
-    from Cython.Build import cythonize
+    from Cython.Build import cythonize as untyped
 
+    cythonize: Any = untyped  # Cython has no type hints
     return list(
         cythonize(
             paths,
@@ -126,7 +127,11 @@ def build(compiler: str) -> None:
         _quiet_distutils()
         command: Any = dist.get_command_obj("build_ext")
         command.inplace = True
-        command.build_temp = str(BUILD_DIR / "temp")
+        # Each compiler its own folders, and everything compiled anew: an object
+        # or library left by the other (or older than its source) is never reused.
+        command.build_temp = str(BUILD_DIR / compiler / "temp")
+        command.build_lib = str(BUILD_DIR / compiler / "lib")
+        command.force = True
         command.parallel = os.cpu_count() or 1
         dist.run_command("build_ext")
     finally:

@@ -15,13 +15,13 @@ from typing import Any, cast
 import orjson
 import pytest
 
-from gateway.apis.base import Dialect, Plan, Report, StreamBounds
+from gateway.apis.base import KEEPALIVE_FRAME, Dialect, Plan, Report, StreamBounds
 from gateway.apis.chat.api import ChatApi
 from gateway.apis.usage import counts_only
 from gateway.core.errors import ErrorCode, GatewayError
 from gateway.core.sse import NEED_DATA, NeedData
 from gateway.pipeline.cancel import CallerStalled
-from gateway.pipeline.relay import KEEPALIVE_FRAME, Relay, Timeouts
+from gateway.pipeline.relay import Relay, Timeouts
 from gateway.upstream.client import UpstreamStream
 from tests.pipeline.support import ALIAS, Caller, FakeUpstream, chat_plan, sse_fixture
 from tests.support.poll import eventually_async

@@ -36,6 +36,7 @@ from gateway.apis.chat.grammar import (
     StreamRules,
     StreamState,
 )
+from gateway.apis.chat.plain import text_parts
 from gateway.apis.ids import InnerIds, gateway_id
 from gateway.apis.usage import (
     count_output_tokens,
@@ -117,6 +118,9 @@ class ChunkDialect(OneCall):
         # Only a non-streaming caller needs the text kept: its answer is
         # assembled at the end. A streaming caller needs frames only.
         self.collected = CollectedAnswer(kind, plan.alias, plan.body)
+        #: the plain chunk template the frame parts below were made for
+        self._spliced: dict[str, Any] | None = None
+        self._head = self._tail = b""
 
     def observe(self, chunk: Chunk) -> None:
         """Count a validated chunk (and keep it for a non-streaming caller's
@@ -143,6 +147,11 @@ class ChunkDialect(OneCall):
         self.observe(chunk)
         if self.collect:
             return None
+        template = chunk.template
+        if template is not None:
+            frame = self._plain_frame(template, chunk.text)
+            if frame is not None:
+                return frame
         data = chunk.data
         data["id"] = self.id
         data["model"] = self.alias
@@ -155,6 +164,25 @@ class ChunkDialect(OneCall):
             # which is reported usage): the estimate is final here.
             self.terminal_frame = self._usage_frame(data) + DONE_FRAME
         return b"data: " + orjson.dumps(data) + b"\n\n"
+
+    def _plain_frame(self, template: dict[str, Any], text: str) -> bytes | None:
+        """A plain chunk's frame (``plain.py``): its text spliced into the
+        frame of its template edited as :meth:`on_item` edits a chunk, the
+        same bytes as ``orjson.dumps`` of the edited chunk. None: frame it from
+        its data."""
+        if template is not self._spliced:
+            data = dict(template)
+            data["id"] = self.id
+            data["model"] = self.alias
+            if not self.include_usage:
+                data.pop("usage", None)
+            parts = text_parts(data, self.kind == "chat")
+            if parts is None:
+                return None
+            self._spliced = template
+            self._head = b"data: " + parts[0].encode()
+            self._tail = parts[1].encode() + b"\n\n"
+        return self._head + text.encode() + self._tail
 
     def _usage_frame(self, data: dict[str, Any]) -> bytes:
         """The usage chunk the worker did not send (b"" when it did send usage):

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gateway.apis.base import OutputText, TextNul
+from gateway.apis.chat.plain import plain_text, text_parts, with_text
 from gateway.apis.usage import usage_count
 from gateway.core.errors import GatewayError
 from gateway.core.sse import Framing, StreamValidator, violation
@@ -55,6 +56,8 @@ __all__ = [
 ]
 
 DONE_FRAME = b"data: [DONE]\n\n"
+#: chunks a turn may parse in full to learn its plain chunk from (plain.py)
+_LEARN_TRIES = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,17 +93,70 @@ class StreamRules:
         )
 
 
-@dataclass(slots=True)
 class Chunk:
-    """One validated chunk. ``data`` is the caller's to mutate afterwards."""
+    """One validated chunk. ``data`` is the caller's to mutate afterwards.
 
-    data: dict[str, Any]
-    text: str
-    finish_reason: str | None
-    usage: dict[str, Any] | None
-    #: the chat delta's ``tool_calls`` as the worker sent them (unchecked), if any:
-    #: what the dialect gives the gateway's ids (``apis/ids.py``)
-    tool_calls: Any = None
+    A plain chunk (:meth:`ChunkGrammar.plain`) is validated on its bytes alone:
+    its ``data`` is parsed only when first read, and until then
+    :attr:`template` says how its bytes are made, for a dialect to splice its
+    frame instead of serializing ``data``.
+    """
+
+    __slots__ = (
+        "_data",
+        "_loads",
+        "_raw",
+        "_template",
+        "finish_reason",
+        "text",
+        "tool_calls",
+        "usage",
+    )
+
+    def __init__(
+        self,
+        data: dict[str, Any] | None,
+        text: str,
+        finish_reason: str | None,
+        usage: dict[str, Any] | None,
+        #: the chat delta's ``tool_calls`` as the worker sent them (unchecked), if any:
+        #: what the dialect gives the gateway's ids (``apis/ids.py``)
+        tool_calls: Any = None,
+        *,
+        raw: str = "",
+        loads: Callable[[bytes | str], Any] | None = None,
+        template: dict[str, Any] | None = None,
+    ) -> None:
+        self._data = data
+        self.text = text
+        self.finish_reason = finish_reason
+        self.usage = usage
+        self.tool_calls = tool_calls
+        self._raw = raw
+        self._loads = loads
+        self._template = template
+
+    @property
+    def data(self) -> dict[str, Any]:
+        data = self._data
+        if data is None:
+            assert self._loads is not None
+            data = self._data = self._loads(self._raw)
+        return data
+
+    @property
+    def template(self) -> dict[str, Any] | None:
+        """A plain chunk's template while nobody has read ``data``: the chunk is
+        the template with :attr:`text` as its text (``apis/chat/splice``)."""
+        return self._template if self._data is None else None
+
+    def __repr__(self) -> str:
+        # never parses: reading ``data`` here would change how the chunk is framed
+        data = repr(self._data) if self._data is not None else f"<plain {self._raw!r}>"
+        return (
+            f"Chunk(data={data}, text={self.text!r}, finish_reason={self.finish_reason!r}, "
+            f"usage={self.usage!r}, tool_calls={self.tool_calls!r})"
+        )
 
 
 class StreamState(enum.Enum):
@@ -139,6 +195,11 @@ class ChunkGrammar:
         self.chunk_id: str | None = None
         self.created: int | None = None
         self.model: str | None = None
+        #: a plain chunk's JSON around its text, and the chunk with "" as text
+        #: (``plain.py``), once learned from a chunk checked in full
+        self._plain: tuple[str, str] | None = None
+        self._template: dict[str, Any] | None = None
+        self._learn_left = _LEARN_TRIES
 
     @property
     def terminated(self) -> bool:
@@ -148,10 +209,17 @@ class ChunkGrammar:
         """A new model turn of an agentic stream (after a tool round): the
         worker's chunks may carry a new id and ``created`` from here on."""
         self.chunk_id = self.created = None
+        self._plain = self._template = None
+        self._learn_left = _LEARN_TRIES
 
     def on_event(self, name: str | None, data: str) -> Chunk | None:
         if name is not None:
             raise violation("Upstream sent a named SSE event.")
+        plain = self._plain
+        if plain is not None and self.state is StreamState.STREAMING:
+            chunk = self._plain_chunk(data, plain[0], plain[1])
+            if chunk is not None:
+                return chunk
         if data == "[DONE]":
             self._on_done()
             return None
@@ -181,7 +249,49 @@ class ChunkGrammar:
             raise violation("Upstream chunk is not a JSON object.")
         if obj.get("error") is not None:
             raise GatewayError("upstream_error")
-        return self._on_chunk(obj)
+        chunk = self._on_chunk(obj)
+        if (
+            self._learn_left > 0
+            and self._plain is None
+            and self.state is StreamState.STREAMING
+            and chunk.tool_calls is None
+            and chunk.finish_reason is None
+            and (not self._chat or obj["choices"][0]["delta"].get("reasoning_content") is None)
+        ):
+            self._learn(obj, data, chunk.text)
+        return chunk
+
+    def _plain_chunk(self, data: str, head: str, tail: str) -> Chunk | None:
+        """The chunk when ``data`` is the learned plain chunk with a
+        :func:`plain_text` text: then it is exactly the chunk the template was
+        made from with another text, which the full checks would pass (same
+        identity, one choice, no finish, usage or tool call), so only its text
+        is counted. None: check it in full."""
+        if not (data.startswith(head) and data.endswith(tail)):
+            return None
+        end = len(data) - len(tail)
+        if end < len(head):
+            return None
+        text = data[len(head) : end]
+        if not plain_text(text):
+            return None
+        self.text.count(text)
+        return Chunk(
+            None, text, None, None, raw=data, loads=self._rules.loads, template=self._template
+        )
+
+    def _learn(self, obj: dict[str, Any], data: str, text: str) -> None:
+        """Learn the plain chunk from ``obj``, a chunk with text and nothing
+        else that the full checks passed, when the worker wrote it (``data``)
+        exactly as orjson writes it."""
+        if not text or not plain_text(text):
+            return
+        # a worker whose bytes are not orjson's is not asked again and again
+        self._learn_left -= 1
+        template = with_text(obj, self._chat, "")
+        parts = text_parts(template, self._chat)
+        if parts is not None and data == parts[0] + text + parts[1]:
+            self._plain, self._template = parts, template
 
     def _check_identity(self, obj: dict[str, Any]) -> None:
         if (
