@@ -146,6 +146,8 @@ class StreamValidator(Generic[T_co]):
         self._first_line = True
         self._eof = False
         self._overflow = False
+        #: a CR may be in the buffer (the one-line path then looks for it)
+        self._cr = False
         self._bytes_received = 0
         # the event being assembled
         self._event_open = False
@@ -211,6 +213,8 @@ class StreamValidator(Generic[T_co]):
             self._overflow = True
             data = data[: max(0, limit - before)]
         self._buf += data
+        if not self._cr and b"\r" in data:
+            self._cr = True
 
     # -- output ---------------------------------------------------------------
 
@@ -263,6 +267,7 @@ class StreamValidator(Generic[T_co]):
                 outcome="incomplete",
             )
         del self._buf[: self._pos]
+        self._cr = b"\r" in self._buf
         self._pos = 0
         return NEED_DATA
 
@@ -364,8 +369,8 @@ class StreamValidator(Generic[T_co]):
     def _lf_line(self, at: int) -> int:
         """Where the line at ``at`` ends when it ends with a bare LF, is within
         the line bound, is UTF-8 and holds no CR (its text then in ``_line``);
-        else -1. One ``find`` (memchr) and a decode: the text is then searched
-        as a str."""
+        else -1. One ``find`` (memchr) and a decode; the text is searched for a
+        CR only while one may be buffered (``_cr``, set as bytes arrive)."""
         buf = self._buf
         end = buf.find(b"\n", at)
         if end < 0 or end - at > self.framing.max_line_bytes:
@@ -374,7 +379,7 @@ class StreamValidator(Generic[T_co]):
             line = buf[at:end].decode("utf-8")
         except UnicodeDecodeError:
             return -1
-        if "\r" in line:
+        if self._cr and "\r" in line:
             return -1
         self._line = line
         return end

@@ -124,7 +124,8 @@ class WireConnection(asyncio.Protocol):
         self.head_done = True
 
     def on_body(self, body: bytes) -> None:
-        self.chunks.append(bytes(body))
+        # httptools hands a new bytes object per piece (``at[:length]``): kept as it is
+        self.chunks.append(body)
         self.buffered += len(body)
         if self.buffered > _HIGH_WATER and not self.paused and self.transport is not None:
             self.paused = True

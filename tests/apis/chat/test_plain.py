@@ -134,10 +134,15 @@ def test_a_chunk_whose_data_was_read_is_framed_from_its_data() -> None:
 
 
 def test_texts_a_writer_escapes_take_the_full_path() -> None:
-    for text in ['say "hi"', "back\\slash", "line\n", "tab\t", "nul\x00", "del\x7f", "\u2028"]:
+    for text in ['say "hi"', "back\\slash", "line\n", "tab\t", "nul\x00", "\x1f"]:
         assert not plain_text(text), text
+    # not escaped by a writer, but left to the full path all the same
+    for text in ["del\x7f", "\u2028"]:
+        assert not plain_text(text), text
+    # what orjson writes as itself, as the splice does
     for text in ["", " plain", "日本 🙂", "é/<>&"]:
         assert plain_text(text), text
+        assert orjson.dumps(text) == b'"' + text.encode() + b'"'
 
 
 @pytest.mark.parametrize("chat", [True, False])
