@@ -47,13 +47,11 @@ def compiler_missing() -> str | None:
 
 
 def _extensions(root: Path) -> list[Path]:
-    """Every extension module a build may have left in the source tree."""
-    suffixes = importlib.machinery.EXTENSION_SUFFIXES
-    found: list[Path] = []
-    for name in (*native.COMPILED, GROUP + "__mypyc"):
-        base = root / name.replace(".", "/")
-        found += [base.with_name(base.name + s) for s in suffixes]
-    return [path for path in found if path.exists()]
+    """Every extension module in the package's tree. Not only those of
+    :data:`gateway.native.COMPILED`: one left by a build of a longer list would
+    be imported in place of its ``.py`` and fail (its code is in no library)."""
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    return sorted(path for path in (root / "gateway").rglob("*.*") if path.name.endswith(suffixes))
 
 
 def clean(root: Path = ROOT) -> None:
