@@ -23,9 +23,16 @@ class JsonBody:
     """A worker's one JSON answer as a sans-I/O source: bytes in (bounded), the
     parsed object out once the body ended, then :class:`~gateway.core.sse.Done`."""
 
-    def __init__(self, max_bytes: int, loads: Callable[[bytes | str], Any] = json.loads) -> None:
+    def __init__(
+        self,
+        max_bytes: int,
+        loads: Callable[[bytes | str], Any] = json.loads,
+        *,
+        what: str = "answer",
+    ) -> None:
         self._max = max_bytes
         self._loads = loads
+        self._what = what
         self._buf = bytearray()
         self._eof = False
         self._parsed = False
@@ -46,7 +53,7 @@ class JsonBody:
         if self._parsed:
             return Done()
         if self.bytes_received > self._max:
-            self._error = violation("Upstream answer exceeded the size limit.")
+            self._error = violation(f"Upstream {self._what} exceeded the size limit.")
             raise self._error
         if not self._eof:
             return NEED_DATA
@@ -76,8 +83,8 @@ class HeldBody(JsonBody):
     """The body held in one ``BytesIO`` (it grows in place and hands its bytes
     over without a copy); subclasses read :attr:`_held` in ``_result``."""
 
-    def __init__(self, max_bytes: int) -> None:
-        super().__init__(max_bytes)
+    def __init__(self, max_bytes: int, *, what: str = "answer") -> None:
+        super().__init__(max_bytes, what=what)
         self._held: io.BytesIO | None = io.BytesIO()
 
     def receive_data(self, data: bytes) -> None:

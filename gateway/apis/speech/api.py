@@ -18,7 +18,6 @@ exactly ``audio/wav`` or ``audio/pcm;rate=<hz>;channels=<n>``.
 from __future__ import annotations
 
 import hashlib
-import io
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,10 +35,11 @@ from gateway.apis.base import (
     resolve_alias,
 )
 from gateway.apis.fields import Spec, harmless, invalid, obj, string, text_size, unsupported
+from gateway.apis.held import HeldBody
 from gateway.apis.speech.audio import Audio, Head, check_pcm, check_wav, media_type
 from gateway.core.errors import GatewayError
 from gateway.core.replies import Pieces
-from gateway.core.sse import NEED_DATA, Done, NeedData, violation
+from gateway.core.sse import violation
 
 FORMATS = ("wav", "pcm")
 #: OpenAI's formats the worker cannot make (it answers 422 for them)
@@ -128,44 +128,21 @@ class SpeechApi:
         return SpeechDialect(plan.detail)
 
 
-class AudioBody:
+class AudioBody(HeldBody):
     """The worker's audio as a sans-I/O source: its head's media type, then
     bytes (bounded, held once), then the whole body as one item and
     :class:`~gateway.core.sse.Done`."""
 
     def __init__(self, max_bytes: int) -> None:
-        self._max = max_bytes
-        self._held: io.BytesIO | None = io.BytesIO()
-        self._eof = False
-        self._done = False
+        super().__init__(max_bytes, what="audio")
         self.head = Head("")
-        self.bytes_received = 0
 
     def receive_head(self, content_type: bytes) -> None:
         self.head = media_type(content_type)
 
-    def receive_data(self, data: bytes) -> None:
-        if not data:
-            self._eof = True
-            return
-        self.bytes_received += len(data)
-        if self._held is None:
-            return
-        if self.bytes_received > self._max:
-            self._held = None  # refused: nothing more is kept
-            return
-        self._held.write(data)
-
-    def next_event(self) -> bytes | Done | NeedData:
-        if self._done:
-            return Done()
-        if self.bytes_received > self._max:
-            raise violation("Upstream audio exceeded the size limit.")
-        if not self._eof:
-            return NEED_DATA
-        held, self._held = self._held, None
+    def _result(self) -> bytes:
+        held = self._held
         assert held is not None
-        self._done = True
         # BytesIO hands its bytes over without a copy once nothing else views them.
         return held.getvalue()
 
