@@ -321,3 +321,20 @@ def test_the_comparison_above_takes_the_plain_path(collect: bool) -> None:
     fast = _run("chat", events, collect=collect, include_usage=True, fast=True, taken=taken)
     assert taken == [False, True, True, False, True, False]
     assert fast == _run("chat", events, collect=collect, include_usage=True, fast=False)
+
+
+def test_the_learned_chunks_data_is_its_callers_to_mutate() -> None:
+    # ``Chunk.data`` is the caller's to edit; the plain chunk learned from it
+    # must not change with it (a shared nested object would change the splice).
+    def with_extra(text: str) -> dict[str, Any]:
+        return {**chunk(text), "extra": {"k": "v"}}
+
+    dialect = ChunkDialect("chat", _plan(False), StreamBounds(), collect=False)
+    dialect.source.receive_data(event(with_extra("a")) + event(with_extra("b")))
+    learned, plain = dialect.source.next_event(), dialect.source.next_event()
+    assert isinstance(learned, Chunk) and isinstance(plain, Chunk)
+    assert plain.template is not None
+    learned.data["extra"]["k"] = "edited"
+    assert dialect.on_item(plain) == _expected(
+        "chat", event(with_extra("b")).rstrip(b"\n"), dialect, False
+    )
