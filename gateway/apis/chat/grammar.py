@@ -288,10 +288,13 @@ class ChunkGrammar:
             return
         # a worker whose bytes are not orjson's is not asked again and again
         self._learn_left -= 1
-        template = with_text(obj, self._chat, "")
-        parts = text_parts(template, self._chat)
+        parts = text_parts(with_text(obj, self._chat, ""), self._chat)
         if parts is not None and data == parts[0] + text + parts[1]:
-            self._plain, self._template = parts, template
+            # The template parsed from its own JSON: ``with_text`` copies only
+            # the path to the text, and ``obj`` is its chunk's ``data``, the
+            # caller's to edit (an edit in a shared object would be spliced).
+            self._plain = parts
+            self._template = self._rules.loads(parts[0] + parts[1])
 
     def _check_identity(self, obj: dict[str, Any]) -> None:
         if (

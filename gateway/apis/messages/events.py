@@ -166,6 +166,12 @@ class MessagesDialect(OneCall):
         if not isinstance(call, dict):
             return
         number = call.get("index", 0)
+        if not isinstance(number, int):
+            # The grammar leaves tool calls unchecked. The answer drops a call
+            # without an integer index (chat's ``_merge_tool_call``), so the
+            # stream does too; compiled, such a value in ``_open`` would also
+            # be a TypeError, not a frame.
+            return
         found = call.get("function")
         function: dict[str, Any] = found if isinstance(found, dict) else {}
         opened = self._open

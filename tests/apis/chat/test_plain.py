@@ -227,3 +227,114 @@ def test_a_worker_not_writing_orjsons_bytes_is_not_asked_past_four_chunks() -> N
     spaced = [b"data: " + json.dumps(chunk(t)).encode() + b"\n\n" for t in "abcdef"]
     _items(validator, spaced)
     assert validator.chunks._learn_left == 0
+
+
+# -- the fast path against the full path itself ---------------------------------
+
+#: texts a writer escapes, or that only look plain, beside plain ones
+ODD_TEXTS = st.sampled_from(
+    ["", " a", '"', "\\", "\n", "\x00", "\u2028", "\u2029", "\x7f", "\x85", "\ufeff", "日本", "🙂"]
+)
+TEXTS = st.one_of(ODD_TEXTS, st.text(max_size=6))
+
+
+@st.composite
+def _chunks(draw: st.DrawFn, kind: str) -> dict[str, Any]:
+    """A worker chunk of any shape the full path accepts (and some it does not)."""
+    text = draw(TEXTS)
+    obj = chunk(text) if kind == "chat" else _completion(text)
+    choice = obj["choices"][0]
+    shape = draw(
+        st.sampled_from(["text", "text", "text", "reasoning", "logprobs", "extra", "identity"])
+    )
+    if shape == "reasoning" and kind == "chat":
+        choice["delta"]["reasoning_content"] = draw(TEXTS)
+    elif shape == "logprobs":
+        choice["logprobs"] = {"content": [{"token": text, "logprob": -0.5, "bytes": [1]}]}
+    elif shape == "extra":
+        obj["extra"] = draw(st.sampled_from(["", '""', None, 1.5, [], {"content": ""}]))
+    elif shape == "identity":
+        key = draw(st.sampled_from(["id", "model", "created"]))
+        obj[key] = draw(st.sampled_from(["", "7", '""', 7, 1755870000, None]))
+    return obj
+
+
+def _run(
+    kind: Literal["chat", "completion"],
+    events: list[bytes],
+    *,
+    collect: bool,
+    include_usage: bool,
+    fast: bool,
+    taken: list[bool] | None = None,
+) -> tuple[list[bytes | None], Any, Any]:
+    """The dialect over ``events``: its frames, how it ended (the error, or its
+    report and answer) -- with the plain path, or with it never learned
+    (``taken`` gets whether each chunk came by the plain path)."""
+    plan = _plan(include_usage)
+    plan.stream = not collect
+    dialect = ChunkDialect(kind, plan, StreamBounds(), collect=collect)
+    dialect.id = "chatcmpl-fixed"
+    if not fast:
+        dialect.validator.chunks._learn_left = 0
+    frames: list[bytes | None] = []
+    try:
+        for piece in [*events, b""]:
+            dialect.source.receive_data(piece)
+            while (item := dialect.source.next_event()) is not NEED_DATA:
+                if isinstance(item, Done):
+                    counts = {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+                    answer = dialect.answer(counts) if collect else dialect.terminal_frame
+                    return frames, dialect.report(), answer
+                if not isinstance(item, KeepAlive):
+                    if taken is not None:
+                        taken.append(item.template is not None)
+                    frames.append(dialect.on_item(item))
+    except GatewayError as exc:
+        return frames, (exc.code, exc.message), dialect.report()
+    raise AssertionError("the stream did not end")
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    data=st.data(),
+    kind=st.sampled_from(["chat", "completion"]),
+    collect=st.booleans(),
+    include_usage=st.booleans(),
+)
+def test_the_plain_path_decides_and_frames_as_the_full_path(
+    data: st.DataObject, kind: Literal["chat", "completion"], collect: bool, include_usage: bool
+) -> None:
+    body = data.draw(st.lists(_chunks(kind), min_size=1, max_size=10))
+    last = chunk("", "stop", usage(3, 5)) if kind == "chat" else _completion("", "length")
+    events = [event(c) for c in [*body, last]] + [b"data: [DONE]\n\n"]
+    fast = _run(kind, events, collect=collect, include_usage=include_usage, fast=True)
+    full = _run(kind, events, collect=collect, include_usage=include_usage, fast=False)
+    assert fast == full
+
+
+@pytest.mark.parametrize("collect", [False, True])
+def test_the_comparison_above_takes_the_plain_path(collect: bool) -> None:
+    body = [chunk(t) for t in ["a", " b", "日本", '"q"', "c"]]
+    events = [event(c) for c in [*body, chunk("", "stop", usage(3, 5))]] + [b"data: [DONE]\n\n"]
+    taken: list[bool] = []
+    fast = _run("chat", events, collect=collect, include_usage=True, fast=True, taken=taken)
+    assert taken == [False, True, True, False, True, False]
+    assert fast == _run("chat", events, collect=collect, include_usage=True, fast=False)
+
+
+def test_the_learned_chunks_data_is_its_callers_to_mutate() -> None:
+    # ``Chunk.data`` is the caller's to edit; the plain chunk learned from it
+    # must not change with it (a shared nested object would change the splice).
+    def with_extra(text: str) -> dict[str, Any]:
+        return {**chunk(text), "extra": {"k": "v"}}
+
+    dialect = ChunkDialect("chat", _plan(False), StreamBounds(), collect=False)
+    dialect.source.receive_data(event(with_extra("a")) + event(with_extra("b")))
+    learned, plain = dialect.source.next_event(), dialect.source.next_event()
+    assert isinstance(learned, Chunk) and isinstance(plain, Chunk)
+    assert plain.template is not None
+    learned.data["extra"]["k"] = "edited"
+    assert dialect.on_item(plain) == _expected(
+        "chat", event(with_extra("b")).rstrip(b"\n"), dialect, False
+    )

@@ -512,6 +512,29 @@ def test_one_tool_call_streamed_in_pieces_is_one_block() -> None:
     assert use == {"type": "tool_use", "name": "get_weather", "input": {"city": "Z"}}
 
 
+@pytest.mark.parametrize("index", ["0", 1.5, None, [], {}, [0]])
+def test_a_tool_call_without_an_integer_index_is_dropped_as_in_the_answer(index: Any) -> None:
+    # Tool calls are not checked by the grammar: a worker's odd index must not
+    # reach the dialect's typed state (compiled: a TypeError, not a frame).
+    odd = _call(0, '{"b":2}', id="call-odd", name="g")
+    odd["index"] = index
+    data = _stream_of(
+        chunk("Hi."),
+        _calls(_call(0, '{"a":1}', id="call-a")),
+        _calls(odd),
+        chunk("", "tool_calls", usage()),
+    )
+    _, found = streamed(data, _plan(tools=True))
+    check_grammar(found)
+    check_sdk_types(found)
+    blocks = [d["content_block"]["type"] for n, d in found if n == "content_block_start"]
+    assert blocks == ["text", "tool_use"]
+    deltas = [d["delta"] for n, d in found if n == "content_block_delta"]
+    assert [d.get("partial_json") for d in deltas if d["type"] == "input_json_delta"] == ['{"a":1}']
+    answer = answered(data, _plan(stream=False, tools=True))
+    assert [block["type"] for block in answer["content"]] == ["text", "tool_use"]
+
+
 def test_the_answer_has_thinking_text_and_each_tool_input() -> None:
     answer = answered(SYNTHETIC, _plan(stream=False, tools=True))
     MESSAGE.validate_python(answer)
