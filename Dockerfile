@@ -6,11 +6,26 @@ FROM python:3.11-slim-bookworm AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
+# A C compiler in this stage only, for the compiled hot core (mypyc,
+# gateway/native.py); the image below gets the extension modules, not gcc.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
 COPY . .
 # Runtime dependencies only (no [test] extra), into a venv that is copied
-# whole, so the final image carries no build context.
+# whole, so the final image carries no build context. The core is compiled in
+# the source tree (mypy reads the project's config there), its extension
+# modules and stamp copied beside the installed sources (the stamp's digest is
+# of those same files), mypy removed again; the build must be the one loaded.
 RUN python -m venv /opt/venv \
  && /opt/venv/bin/pip install . \
+ && /opt/venv/bin/pip install 'mypy>=2.4' \
+ && /opt/venv/bin/python -m gateway.tools.build_native \
+ && cp --parents $(find gateway -name '*.so') gateway/_native.json \
+      "$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+ && /opt/venv/bin/pip uninstall -y mypy librt pathspec ast-serialize \
+ && cd / \
+ && test "$(/opt/venv/bin/python -m gateway.tools.build_native --which)" = "mypyc built" \
  && /opt/venv/bin/python -c "import gateway"
 
 FROM python:3.11-slim-bookworm

@@ -866,6 +866,29 @@ def test_dockerfile_installs_without_dev_deps() -> None:
         assert re.search(r"pip install \.( |$)", line)
 
 
+def _stages() -> list[list[tuple[str, str]]]:
+    stages: list[list[tuple[str, str]]] = []
+    for instruction, rest in dockerfile():
+        if instruction == "FROM":
+            stages.append([])
+        stages[-1].append((instruction, rest))
+    return stages
+
+
+def test_dockerfile_compiles_the_hot_core_in_the_build_stage_only() -> None:
+    build, image = _stages()
+    build_runs = " ".join(rest for name, rest in build if name == "RUN")
+    # gcc in the build stage, the compiled build checked to be the one loaded,
+    # mypy (the compiler) not left in the venv the image copies
+    assert "apt-get install" in build_runs and " gcc " in build_runs
+    assert "-m gateway.tools.build_native &&" in build_runs.replace("  ", " ")
+    assert '--which)" = "mypyc built"' in build_runs
+    assert "pip uninstall -y mypy" in build_runs
+    image_runs = " ".join(rest for name, rest in image if name == "RUN")
+    assert "gcc" not in image_runs and "apt-get" not in image_runs
+    assert [rest for name, rest in image if name == "COPY"] == ["--from=build /opt/venv /opt/venv"]
+
+
 def test_dockerfile_bakes_in_no_secrets() -> None:
     for name in ("ENV", "ARG", "LABEL"):
         for line in instructions(name):
