@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -22,39 +22,34 @@ from gateway.books.receipts import ReceiptWriter
 from gateway.books.state.calls import StateCalls
 from gateway.books.state.sqlite.anchors import SqliteAnchorStore
 from gateway.core.errors import GatewayError
+from tests.books.state.support import ContractBackend, contract_backend
 from tests.support.receipts import make_receipt
 
 NOW = 1_700_000_000.5
 
 
-@dataclass
-class Backend:
-    name: str
-    where: str
-    opened: list[Callable[[], Awaitable[None]]]
+if TYPE_CHECKING:
+    from gateway.books.state.postgres.pool import PgPool
 
-    def open(self) -> AnchorStore:
-        if self.name == "sqlite":
-            store = SqliteAnchorStore(Path(self.where))
-            self.opened.append(store.close)
-            return store
-        from gateway.books.state.postgres.anchors import PgAnchorStore
-        from gateway.books.state.postgres.pool import PgPool
+Backend = ContractBackend[AnchorStore]
 
-        pool = PgPool(self.where, 10.0)
-        self.opened.append(pool.close)
-        return PgAnchorStore(pool, StateCalls(10.0))
+
+def _sqlite(path: Path) -> tuple[AnchorStore, Callable[[], Awaitable[None]]]:
+    store = SqliteAnchorStore(path)
+    return store, store.close
+
+
+def _postgres(pool: PgPool, calls: StateCalls) -> AnchorStore:
+    # Imported here, as the factory does: the SQLite half needs no driver.
+    from gateway.books.state.postgres.anchors import PgAnchorStore
+
+    return PgAnchorStore(pool, calls)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
 async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
-    if request.param == "sqlite":
-        made = Backend("sqlite", str(tmp_path / "catalog.sqlite3"), [])
-    else:
-        made = Backend("postgres", request.getfixturevalue("postgres_dsn"), [])
-    yield made
-    for close in made.opened:
-        await close()
+    async with contract_backend(request, tmp_path, _sqlite, _postgres) as made:
+        yield made
 
 
 async def test_each_replica_has_its_last_anchor(backend: Backend) -> None:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -20,42 +20,34 @@ from gateway.apis.agents.frames import new_approval_id
 from gateway.books.protocols import ApprovalStore
 from gateway.books.state.calls import StateCalls
 from gateway.books.state.sqlite.approvals import SqliteApprovalStore
-from tests.books.state.support import TIMEOUT_S
+from tests.books.state.support import ContractBackend, contract_backend
 
 NOW = 1_700_000_000.5
 LATER = NOW + 300
 
 
-@dataclass
-class Backend:
-    name: str
-    #: SQLite: the state file; PostgreSQL: the DSN of the test's database
-    where: str
-    opened: list[Callable[[], Awaitable[None]]]
+if TYPE_CHECKING:
+    from gateway.books.state.postgres.pool import PgPool
 
-    def open(self) -> ApprovalStore:
-        if self.name == "sqlite":
-            store = SqliteApprovalStore(Path(self.where))
-            self.opened.append(store.shutdown)
-            return store
-        # Imported here, as the factory does: the SQLite half needs no driver.
-        from gateway.books.state.postgres.approvals import PgApprovalStore
-        from gateway.books.state.postgres.pool import PgPool
+Backend = ContractBackend[ApprovalStore]
 
-        pool = PgPool(self.where, TIMEOUT_S)
-        self.opened.append(pool.close)
-        return PgApprovalStore(pool, StateCalls(TIMEOUT_S))
+
+def _sqlite(path: Path) -> tuple[ApprovalStore, Callable[[], Awaitable[None]]]:
+    store = SqliteApprovalStore(path)
+    return store, store.shutdown
+
+
+def _postgres(pool: PgPool, calls: StateCalls) -> ApprovalStore:
+    # Imported here, as the factory does: the SQLite half needs no driver.
+    from gateway.books.state.postgres.approvals import PgApprovalStore
+
+    return PgApprovalStore(pool, calls)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
 async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
-    if request.param == "sqlite":
-        made = Backend("sqlite", str(tmp_path / "catalog.sqlite3"), [])
-    else:
-        made = Backend("postgres", request.getfixturevalue("postgres_dsn"), [])
-    yield made
-    for close in made.opened:
-        await close()
+    async with contract_backend(request, tmp_path, _sqlite, _postgres) as made:
+        yield made
 
 
 @pytest.fixture

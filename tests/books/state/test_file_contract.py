@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -19,41 +19,39 @@ from gateway.books.files.records import FileRecord, new_file_id
 from gateway.books.protocols import FileCatalog
 from gateway.books.state.calls import StateCalls
 from gateway.books.state.sqlite.files import SqliteFileCatalog
-from tests.books.state.support import SHA_A, SHA_B, SHA_C, TIMEOUT_S
+from tests.books.state.support import (
+    SHA_A,
+    SHA_B,
+    SHA_C,
+    ContractBackend,
+    contract_backend,
+)
 
 NOW = 1_700_000_000
 
 
-@dataclass
-class Backend:
-    name: str
-    #: SQLite: the state file; PostgreSQL: the DSN of the test's database
-    where: str
-    opened: list[Callable[[], Awaitable[None]]]
+if TYPE_CHECKING:
+    from gateway.books.state.postgres.pool import PgPool
 
-    def open(self) -> FileCatalog:
-        if self.name == "sqlite":
-            catalog = SqliteFileCatalog(Path(self.where))
-            self.opened.append(catalog.close)
-            return catalog
-        # Imported here, as the factory does: the SQLite half needs no driver.
-        from gateway.books.state.postgres.files import PgFileCatalog
-        from gateway.books.state.postgres.pool import PgPool
+Backend = ContractBackend[FileCatalog]
 
-        pool = PgPool(self.where, TIMEOUT_S)
-        self.opened.append(pool.close)
-        return PgFileCatalog(pool, StateCalls(TIMEOUT_S))
+
+def _sqlite(path: Path) -> tuple[FileCatalog, Callable[[], Awaitable[None]]]:
+    catalog = SqliteFileCatalog(path)
+    return catalog, catalog.close
+
+
+def _postgres(pool: PgPool, calls: StateCalls) -> FileCatalog:
+    # Imported here, as the factory does: the SQLite half needs no driver.
+    from gateway.books.state.postgres.files import PgFileCatalog
+
+    return PgFileCatalog(pool, calls)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
 async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
-    if request.param == "sqlite":
-        made = Backend("sqlite", str(tmp_path / "catalog.sqlite3"), [])
-    else:
-        made = Backend("postgres", request.getfixturevalue("postgres_dsn"), [])
-    yield made
-    for close in made.opened:
-        await close()
+    async with contract_backend(request, tmp_path, _sqlite, _postgres) as made:
+        yield made
 
 
 @pytest.fixture

@@ -8,50 +8,43 @@ database, as two gateway processes would open them.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from gateway.books.protocols import FORGET_AFTER_S, ArmCounts, ReleaseOverride, ReleaseStore
 from gateway.books.state.calls import StateCalls
 from gateway.books.state.sqlite.releases import SqliteReleaseStore
+from tests.books.state.support import ContractBackend, contract_backend
 
 NOW = 1_700_000_000.5
 STABLE = ArmCounts(120, 2, 310.5)
 CANARY = ArmCounts(7, 1, None)
 
 
-@dataclass
-class Backend:
-    name: str
-    #: SQLite: the state file; PostgreSQL: the DSN of the test's database
-    where: str
-    opened: list[Callable[[], Awaitable[None]]]
+if TYPE_CHECKING:
+    from gateway.books.state.postgres.pool import PgPool
 
-    def open(self) -> ReleaseStore:
-        if self.name == "sqlite":
-            store = SqliteReleaseStore(Path(self.where))
-            self.opened.append(store.close)
-            return store
-        # Imported here, as the factory does: the SQLite half needs no driver.
-        from gateway.books.state.postgres.pool import PgPool
-        from gateway.books.state.postgres.releases import PgReleaseStore
+Backend = ContractBackend[ReleaseStore]
 
-        pool = PgPool(self.where, 10.0)
-        self.opened.append(pool.close)
-        return PgReleaseStore(pool, StateCalls(10.0))
+
+def _sqlite(path: Path) -> tuple[ReleaseStore, Callable[[], Awaitable[None]]]:
+    store = SqliteReleaseStore(path)
+    return store, store.close
+
+
+def _postgres(pool: PgPool, calls: StateCalls) -> ReleaseStore:
+    # Imported here, as the factory does: the SQLite half needs no driver.
+    from gateway.books.state.postgres.releases import PgReleaseStore
+
+    return PgReleaseStore(pool, calls)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
 async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
-    if request.param == "sqlite":
-        made = Backend("sqlite", str(tmp_path / "catalog.sqlite3"), [])
-    else:
-        made = Backend("postgres", request.getfixturevalue("postgres_dsn"), [])
-    yield made
-    for close in made.opened:
-        await close()
+    async with contract_backend(request, tmp_path, _sqlite, _postgres) as made:
+        yield made
 
 
 @pytest.fixture
