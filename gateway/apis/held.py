@@ -99,5 +99,12 @@ class HeldBody(JsonBody):
             return
         self._held.write(data)
 
+    def _result(self) -> Any:
+        """The held bytes, handed over without a copy (``BytesIO`` gives its
+        buffer away once nothing else views it)."""
+        held = self._held
+        assert held is not None
+        return held.getvalue()
+
     def _release(self) -> None:
         self._held = None

@@ -25,7 +25,7 @@ from typing import cast
 
 import orjson
 
-from gateway.apis.base import Api, Dialect, HeadReader, OutputFile, Plan, StreamBounds
+from gateway.apis.base import Api, Dialect, HeadReader, OutputFile, Plan, Report, StreamBounds
 from gateway.apis.responses.conversation import kept_input
 from gateway.apis.usage import Usage, public_usage
 from gateway.apis.usage import usage_of as settled_usage
@@ -190,9 +190,7 @@ async def _attempt(
         await keep_files(call, report.files)
         await relay.reply(call.send, dialect.answer({}), rate_headers)
         return
-    usage = call.usage = settled_usage(
-        report.counts, report.usage, plan.prompt_bytes, report.output_estimate
-    )
+    usage = call.usage = report_usage(report, plan)
     answer = dialect.answer(public_usage(usage, full=plan.full_usage))
     if run is not None:
         assert isinstance(answer, dict)
@@ -272,7 +270,11 @@ def prompt_token_bound(body: Layout, plan: Plan) -> int:
 
 def usage_of(dialect: Dialect, plan: Plan) -> Usage:
     """The answer's usage: what the worker reported, else estimated."""
-    report = dialect.report()
+    return report_usage(dialect.report(), plan)
+
+
+def report_usage(report: Report, plan: Plan) -> Usage:
+    """The usage a dialect's report gives: what the worker reported, else estimated."""
     return settled_usage(report.counts, report.usage, plan.prompt_bytes, report.output_estimate)
 
 

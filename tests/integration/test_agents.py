@@ -5,6 +5,7 @@ byte), every tool call approved or denied by the gateway, per tenant."""
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -264,6 +265,21 @@ def test_sessions_are_namespaced_per_tenant(stack: Stack) -> None:
     assert seen["acme"] != seen["globex"]
     assert all(s.startswith("gs_") and len(s) == 35 for s in seen.values())
     assert "shared-123" not in {r.session_id for r in stack.sim.agent_runs()}
+
+
+def test_a_streaming_caller_sees_its_own_session_id_never_the_workers(stack: Stack) -> None:
+    body = _body(f"agent=url:https://{ALLOWED}/a", session_id="shared-123")
+    with stack.client(stack.rs256("acme"), timeout=30) as client:
+        response = client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    chunks = [
+        json.loads(line[len("data: ") :])
+        for line in response.text.splitlines()
+        if line.startswith("data: {")
+    ]
+    assert [c["session_id"] for c in chunks if "session_id" in c] == ["shared-123"]
+    worker_session = _last_run(stack).session_id
+    assert worker_session.startswith("gs_") and worker_session not in response.text
 
 
 @pytest.mark.parametrize(

@@ -148,13 +148,18 @@ class AgentDialect(OneCall):
 
     def on_item(self, item: Any) -> bytes | None:
         if isinstance(item, Chunk):
-            data = item.data
-            if "session_id" in data:
-                # The worker's session id is the gateway's (spec §22): the caller's back.
-                if self.caller_session is None:
-                    del data["session_id"]
-                else:
-                    data["session_id"] = self.caller_session
+            # A plain chunk is its template with another text (grammar.py):
+            # without a session id there, its data is not parsed (reading it
+            # would also cost the chunk its spliced frame).
+            template = item.template
+            if template is None or "session_id" in template:
+                data = item.data
+                if "session_id" in data:
+                    # The worker's session id is the gateway's (spec §22): the caller's back.
+                    if self.caller_session is None:
+                        del data["session_id"]
+                    else:
+                        data["session_id"] = self.caller_session
             return self.inner.on_item(item)
         if not self.events:
             return None

@@ -44,11 +44,11 @@ _IMAGE = re.compile(rb'"data:image/png;base64,([A-Za-z0-9+/]*={0,2})"')
 
 @dataclass(frozen=True, slots=True)
 class ImageRequest:
-    """What planning hands the dialect: the image asked for, how many, and how."""
+    """What planning hands the dialect: the image asked for and how (how
+    many is the plan's ``calls``)."""
 
     width: int
     height: int
-    n: int
     url: bool
     max_bytes: int
 
@@ -81,10 +81,7 @@ class ImageBody(HeldBody):
         self._token = token
 
     def _result(self) -> WorkerImage:
-        held = self._held
-        assert held is not None
-        # BytesIO hands its bytes over without a copy once nothing else views them.
-        return scan(held.getvalue(), self._token)
+        return scan(super()._result(), self._token)
 
 
 def scan(raw: bytes, token: str) -> WorkerImage:

@@ -119,7 +119,7 @@ class ImagesApi:
             nonce=ctx.nonce,
             bills_tokens=False,
             calls=n,
-            detail=ImageRequest(width, height, n, url, ctx.images.max_bytes),
+            detail=ImageRequest(width, height, url, ctx.images.max_bytes),
         )
 
     def forward(self, plan: Plan, route: str) -> dict[str, Any]:

@@ -140,12 +140,6 @@ class AudioBody(HeldBody):
     def receive_head(self, content_type: bytes) -> None:
         self.head = media_type(content_type)
 
-    def _result(self) -> bytes:
-        held = self._held
-        assert held is not None
-        # BytesIO hands its bytes over without a copy once nothing else views them.
-        return held.getvalue()
-
 
 class SpeechDialect(OneCall):
     """The worker's audio body, checked whole, relayed as its own bytes."""

@@ -23,8 +23,8 @@ from tests.support.media import chunk, image_answer, png
 NONCE = "0123456789abcdef"
 
 
-def request(width: int = 64, height: int = 64, n: int = 1, *, url: bool = False) -> ImageRequest:
-    return ImageRequest(width, height, n, url, 16_777_216)
+def request(width: int = 64, height: int = 64, *, url: bool = False) -> ImageRequest:
+    return ImageRequest(width, height, url, 16_777_216)
 
 
 def feed(dialect: ImagesDialect, data: bytes, pieces: list[bytes] | None = None) -> None:
@@ -81,7 +81,7 @@ def test_the_base64_goes_out_as_the_workers_own_bytes() -> None:
 
 def test_several_calls_make_one_answer_in_order() -> None:
     images = [png(64, 128, pad=i) for i in range(3)]
-    dialect = ImagesDialect(request(64, 128, 3), NONCE)
+    dialect = ImagesDialect(request(64, 128), NONCE)
     for index, image in enumerate(images):
         if index:
             dialect.next_call()
@@ -96,7 +96,7 @@ def test_several_calls_make_one_answer_in_order() -> None:
 
 def test_url_images_are_handed_over_as_files_and_answered_with_their_links() -> None:
     image = png(64, 64)
-    dialect = ImagesDialect(request(url=True, n=2), NONCE)
+    dialect = ImagesDialect(request(url=True), NONCE)
     feed(dialect, image_answer(image))
     dialect.next_call()
     feed(dialect, image_answer(image))
@@ -185,7 +185,7 @@ def test_a_data_url_outside_data_0_is_refused() -> None:
 
 
 def test_an_answer_over_its_bound_is_refused_as_it_arrives() -> None:
-    req = ImageRequest(64, 64, 1, False, 1000)
+    req = ImageRequest(64, 64, False, 1000)
     dialect = ImagesDialect(req, NONCE)
     source = dialect.source
     big = b"x" * (answer_bound(1000) + 1)
@@ -200,9 +200,9 @@ def test_an_answer_over_its_bound_is_refused_as_it_arrives() -> None:
 
 def test_an_image_over_max_bytes_is_refused_before_decoding() -> None:
     image = png(64, 64, pad=5000)
-    req = ImageRequest(64, 64, 1, False, len(image) - 1)
+    req = ImageRequest(64, 64, False, len(image) - 1)
     assert refused(image_answer(image), req).code == "upstream_protocol_error"
-    exact = ImageRequest(64, 64, 1, False, len(image))
+    exact = ImageRequest(64, 64, False, len(image))
     dialect = ImagesDialect(exact, NONCE)
     feed(dialect, image_answer(image))
 
