@@ -24,10 +24,10 @@ import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.to_thread
-import httpx
 import jwt
 
 from gateway.auth.apikeys import match_api_key
@@ -38,6 +38,7 @@ from gateway.auth.keys import (
     carry_fetched,
     fetch_jwks_url,
     hs256_secret,
+    jwks_client,
     read_jwks_file,
 )
 from gateway.auth.principal import Principal
@@ -45,6 +46,9 @@ from gateway.auth.tokens import JWT_SHAPE, UnknownKey, reject, route, verify
 from gateway.config import AuthConfig, IssuerConfig
 from gateway.config.policy import PolicySet, Tenant
 from gateway.core.errors import GatewayError
+
+if TYPE_CHECKING:
+    import httpx
 
 #: far above any real JWT; refuses absurd values before any parsing
 MAX_BEARER_CHARS = 16_384
@@ -189,7 +193,7 @@ class Authenticator:
     def _client(self) -> httpx.AsyncClient:
         if self._http is None:
             # Created on first need: most deployments have no jwks_url issuer.
-            self._http = httpx.AsyncClient(follow_redirects=False)
+            self._http = jwks_client()
             self._owns_http = True
         return self._http
 

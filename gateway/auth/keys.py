@@ -25,15 +25,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import anyio
-import httpx
 from jwt import PyJWK, PyJWTError
 
 from gateway.config import AuthConfig, IssuerConfig, is_loopback_host
 from gateway.config.loader import ConfigError
+
+if TYPE_CHECKING:
+    import httpx  # imported only where an issuer has jwks_url (~5 MB of RSS)
 
 #: whole-fetch bound for one JWKS download (connect + headers + body)
 JWKS_FETCH_TIMEOUT_S = 5.0
@@ -191,8 +193,20 @@ def read_jwks_file(issuer: IssuerConfig) -> IssuerKeys:
     return IssuerKeys(issuer, keys)
 
 
+def jwks_client() -> httpx.AsyncClient:
+    """The HTTP client of ``jwks_url`` issuers: no redirects, no proxy from the
+    environment. httpx is imported here, on first need: most deployments read
+    their keys from files or a secret, and a serving gateway has no other use
+    for it."""
+    import httpx
+
+    return httpx.AsyncClient(follow_redirects=False, trust_env=False, timeout=JWKS_FETCH_TIMEOUT_S)
+
+
 async def fetch_jwks_url(issuer: IssuerConfig, http: httpx.AsyncClient) -> IssuerKeys:
     """GET the issuer's JWKS: no redirects, bounded in time and size."""
+    import httpx
+
     assert issuer.jwks_url is not None
     max_bytes = issuer.jwks_max_bytes
     body = bytearray()

@@ -19,15 +19,15 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.to_thread
-import httpx
 
 from gateway import __version__
 from gateway.admission import AdmissionGroup
 from gateway.auth.authenticator import Authenticator
-from gateway.auth.keys import load_key_set
+from gateway.auth.keys import jwks_client, load_key_set
 from gateway.books.anchors import start_anchors
 from gateway.books.approvals import ApprovalBook
 from gateway.books.evidence.service import EvidenceService
@@ -53,6 +53,9 @@ from gateway.ratelimit import LimitsStore, build_limits_store
 from gateway.upstream.readiness import Readiness
 from gateway.upstream.releases import Releases
 from gateway.upstream.table import RouteTable, capacities
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger("gateway")
 #: how long a shutdown waits for the limits store's pending settlements
@@ -325,11 +328,7 @@ async def build_runtime(loaded: Loaded, tracing: Tracing | None = None) -> Runti
     await ratelimit.start()
     metrics.watch_limits_store(lambda: ratelimit.healthy, lambda: ratelimit.pending_settlements)
     # Only issuers with jwks_url need HTTP; never follow redirects for keys.
-    keys_http = (
-        httpx.AsyncClient(follow_redirects=False, trust_env=False, timeout=5)
-        if any(i.jwks_url for i in config.auth.issuers)
-        else None
-    )
+    keys_http = jwks_client() if any(i.jwks_url for i in config.auth.issuers) else None
     readiness = Readiness(table, metrics, probe)
     # Apart from the tenant files' blobs (files/): each store sweeps only its own directory.
     image_files = InterimFiles(config.staging.dir / "image-links", config.images.url_ttl_s)

@@ -3,7 +3,7 @@
 httpx's ``BaseTransport`` is the model: the client (here the pipeline, the
 readiness poll, the cancel confirmation) owns policy -- bounds, timers,
 classification -- and the transport only moves bytes. ``client.Upstream`` is
-the real one (the lean wire pool for inference, httpx for the small
+the real one (a lean wire pool for inference, another for the small
 exchanges); tests plug in small fakes of their own, with no cast.
 
 A :class:`WorkerStream` is an open worker response whose head passed the

@@ -10,7 +10,10 @@ gateway, redirects are never followed and no content decoding is accepted.
 Inference streams go through :mod:`gateway.upstream.wire` (raw asyncio +
 httptools, a kept-alive pool): the profile showed httpx/httpcore spending
 more CPU per request and per chunk than the rest of the gateway together.
-The readiness poll and the model listing use httpx.
+The small exchanges (the readiness poll, the model listing, the worker's
+metrics, a kept response's lookup) go through a pool of their own, so a
+full inference pool never delays a readiness answer; httpx is not imported
+by a serving gateway (~5-7 MB of its RSS, issue 35).
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
 import orjson
 
 from gateway.config import UpstreamConfig
@@ -53,12 +55,22 @@ _REJECTION_CHARS = 200
 
 
 _MAX_LISTING_BYTES = 1_048_576
+#: connections of the small exchanges' own pool (readiness, listing, metrics)
+_SMALL_POOL = 4
 #: what one write to the worker may join (the request head and body pieces)
 _COALESCE_BYTES = 65_536
 
 
 class _BadBody(Exception):
     """A small JSON answer over its bound, or in a content coding."""
+
+
+class _Unreachable(Exception):
+    """Nothing accepted the connection (refused, or no slot of the pool)."""
+
+
+class _Broken(Exception):
+    """The exchange failed after connecting (reset, malformed, cut short)."""
 
 
 class MetricsUnreadable(Exception):
@@ -141,21 +153,14 @@ class Upstream:
         pool_size: int = 32,
     ) -> None:
         self.config = config
-        # The readiness poll and model listing go through httpx; inference
-        # streams through the lean pool below (one exchange per connection).
-        self._client = httpx.AsyncClient(
-            base_url=config.base_url,
-            timeout=httpx.Timeout(config.connect_timeout_s),
-            limits=httpx.Limits(max_connections=4, max_keepalive_connections=2),
-            follow_redirects=False,
-            trust_env=False,
-        )
         parts = urlsplit(config.base_url)
         self._tls = parts.scheme == "https"
         self._host = parts.hostname or "127.0.0.1"
         self._authority = parts.netloc.encode("ascii")
         self._pool_size = pool_size
         self._pool: WirePool | None = None
+        self._small: WirePool | None = None
+        self._closed = False
         # Per-read timeouts are the stream pump's job (first event, idle,
         # total); the pool only bounds connecting and writing.
         self._write_timeout_s = config.connect_timeout_s * 5
@@ -163,20 +168,35 @@ class Upstream:
     @property
     def pool(self) -> WirePool:
         if self._pool is None:  # built on the serving loop, on first use
-            self._pool = WirePool(
-                self._host,
-                self.config.port,
-                max_connections=self._pool_size,
-                connect_timeout_s=self.config.connect_timeout_s,
-                keepalive_expiry_s=30,
-                tls=ssl.create_default_context() if self._tls else None,
-            )
+            self._pool = self._new_pool(self._pool_size)
         return self._pool
 
+    @property
+    def small_pool(self) -> WirePool:
+        """The small exchanges' own few connections (readiness, listing, metrics)."""
+        if self._small is None:
+            self._small = self._new_pool(_SMALL_POOL)
+        return self._small
+
+    def _new_pool(self, size: int) -> WirePool:
+        return WirePool(
+            self._host,
+            self.config.port,
+            max_connections=size,
+            connect_timeout_s=self.config.connect_timeout_s,
+            keepalive_expiry_s=30,
+            tls=ssl.create_default_context() if self._tls else None,
+        )
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     async def aclose(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-        await self._client.aclose()
+        self._closed = True
+        for pool in (self._pool, self._small):
+            if pool is not None:
+                pool.close()
 
     async def open_stream(
         self,
@@ -263,11 +283,11 @@ class Upstream:
             status, content = await self._small_json(
                 "GET", "/v1/models", None, timeout_s, _MAX_LISTING_BYTES
             )
-        except httpx.ConnectError as exc:
+        except _Unreachable as exc:
             raise ListingError("connection_refused") from exc
-        except (httpx.TimeoutException, TimeoutError) as exc:
+        except TimeoutError as exc:
             raise ListingError("timeout") from exc
-        except httpx.HTTPError as exc:
+        except _Broken as exc:
             raise ListingError("http_error") from exc
         except _BadBody as exc:
             raise ListingError("bad_body") from exc
@@ -288,9 +308,9 @@ class Upstream:
             status, content = await self._small_json(
                 method, path, request_id, timeout_s, self.config.max_line_bytes
             )
-        except (httpx.TimeoutException, TimeoutError) as exc:
+        except TimeoutError as exc:
             raise GatewayError("upstream_timeout") from exc
-        except httpx.HTTPError as exc:
+        except (_Unreachable, _Broken) as exc:
             raise GatewayError("upstream_unavailable", outcome="upstream_error") from exc
         except _BadBody as exc:
             raise GatewayError("upstream_protocol_error") from exc
@@ -303,10 +323,10 @@ class Upstream:
     async def post_json(
         self, path: str, body: Any, request_id: str, timeout_s: float
     ) -> tuple[int, Any]:
-        """A small JSON POST (an approval's decision, spec §22) over the lean
-        inference pool (one per tool round: httpx cost a millisecond of CPU
-        each): 200 and the parsed answer (None when not JSON), or the refusal's
-        400 / 500 class with no body; bounded in bytes and time."""
+        """A small JSON POST (an approval's decision, spec §22) over the
+        inference pool (one per tool round, waiting for a slot like the round
+        it belongs to): 200 and the parsed answer (None when not JSON), or the
+        refusal's 400 / 500 class with no body; bounded in bytes and time."""
         try:
             async with asyncio.timeout(timeout_s):
                 stream = await self.open_stream(path, orjson.dumps(body), request_id, accept="json")
@@ -337,9 +357,9 @@ class Upstream:
         read whole within ``timeout_s`` and ``limit`` bytes."""
         try:
             return await self._small_json("GET", path, None, timeout_s, limit, accept="text/plain")
-        except httpx.ConnectError as exc:
+        except _Unreachable as exc:
             raise WorkerGone from exc
-        except (httpx.HTTPError, TimeoutError, _BadBody) as exc:
+        except (_Broken, TimeoutError, _BadBody) as exc:
             raise MetricsUnreadable from exc
 
     async def _small_json(
@@ -356,29 +376,54 @@ class Upstream:
         (a declared or actual body over ``limit`` is :class:`_BadBody`) and in
         total time; a content coding is refused, never decoded (a gzip bomb
         would inflate in memory before any size check)."""
-        headers = {"accept": accept, "accept-encoding": "identity"}
+        head = b"%b %b HTTP/1.1\r\nhost: %b\r\naccept: %b\r\naccept-encoding: identity\r\n" % (
+            method.encode("ascii"),
+            path.encode("ascii"),
+            self._authority,
+            accept.encode("ascii"),
+        )
         if request_id is not None:
-            headers["x-request-id"] = request_id
+            head += b"x-request-id: %b\r\n" % request_id.encode("ascii")
         if body is not None:
-            headers["content-type"] = "application/json"
+            head += b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body)
+        pool = self.small_pool
         async with asyncio.timeout(timeout_s):
-            async with self._client.stream(
-                method, path, headers=headers, content=body, timeout=timeout_s
-            ) as response:
-                if response.headers.get("content-encoding", "").strip().lower() not in (
-                    "",
-                    "identity",
-                ):
+            try:
+                conn = await pool.acquire()
+            except WireConnectError as exc:
+                if isinstance(exc.__cause__, TimeoutError):
+                    raise TimeoutError from exc
+                raise _Unreachable from exc
+            try:
+                conn.begin()
+                await conn.write(head + b"\r\n" + (body or b""), timeout_s)
+                await conn.read_head()
+                coding = (conn.header(b"content-encoding") or b"").strip().lower()
+                if coding not in (b"", b"identity"):
                     raise _BadBody
-                declared = response.headers.get("content-length", "")
+                declared = conn.header(b"content-length") or b""
                 if declared.isdigit() and int(declared) > limit:
                     raise _BadBody
                 content = bytearray()
-                async for piece in response.aiter_raw():
-                    content += piece
+                while not conn.complete:
+                    data = conn.take()
+                    if data is None:
+                        await conn.wait_body()
+                        continue
+                    content += data
                     if len(content) > limit:
                         raise _BadBody
-                return response.status_code, bytes(content)
+                content += conn.take() or b""
+                if len(content) > limit:
+                    raise _BadBody
+            except BaseException as exc:
+                conn.close()
+                pool.release(conn)
+                if isinstance(exc, WireError):
+                    raise _Broken from exc
+                raise
+            pool.release(conn)
+            return conn.status, bytes(content)
 
 
 async def _once(body: bytes) -> AsyncIterator[bytes]:

@@ -234,13 +234,14 @@ async def test_own_client_when_none_injected(
     real = httpx.AsyncClient
 
     def factory(**kwargs: Any) -> httpx.AsyncClient:
-        assert kwargs == {"follow_redirects": False}
+        # No redirects and no proxy from the environment for a key fetch.
+        assert kwargs["follow_redirects"] is False and kwargs["trust_env"] is False
         made.append(real(transport=httpx.MockTransport(idp), **kwargs))
         return made[-1]
 
     config = auth_config(url_issuer(URL))
     auth = Authenticator(load_key_set(config, {}), clock=clock)
-    monkeypatch.setattr("gateway.auth.authenticator.httpx.AsyncClient", factory)
+    monkeypatch.setattr(httpx, "AsyncClient", factory)
     await _auth_ok(auth, policies, sign_rs256(make_claims(now=clock.now)))
     assert len(made) == 1
     await auth.aclose()

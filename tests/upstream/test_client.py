@@ -137,3 +137,87 @@ async def test_a_plain_answer_still_parses() -> None:
         finally:
             await upstream.aclose()
         assert (status, parsed) == (200, {"id": "resp_x", "object": "response"})
+
+
+async def _listing_worker(behaviour: str) -> AsyncIterator[str]:
+    """A worker whose ``POST`` streams one event and holds its connection open,
+    and whose ``GET /v1/models`` answers by ``behaviour``: ``list``, ``silent``
+    (never answers) or ``cut`` (closes inside the head)."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(10):
+                head = await reader.readuntil(b"\r\n\r\n")
+                if head.startswith(b"POST"):
+                    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                    await reader.readexactly(length)
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                        b"transfer-encoding: chunked\r\n\r\n6\r\ndata: \r\n"
+                    )
+                    held.append(writer)
+                    await reader.read()  # until the client lets go
+                elif behaviour == "list":
+                    writer.write(_reply(b'{"object": "list", "data": []}'))
+                    await writer.drain()
+                elif behaviour == "cut":
+                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-ty")
+                    await writer.drain()
+                else:
+                    await reader.read()
+        except (OSError, TimeoutError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.transport.abort()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.close()
+        for writer in held:
+            writer.transport.abort()
+        await server.wait_closed()
+
+
+async def test_a_full_inference_pool_does_not_delay_the_listing() -> None:
+    """The readiness poll has connections of its own: every inference slot
+    taken by a stream still open, the listing answers at once."""
+    async for base_url in _listing_worker("list"):
+        upstream = Upstream(UpstreamConfig(base_url=base_url, route=_ROUTE), pool_size=1)
+        try:
+            stream = await upstream.open_stream("/v1/chat/completions", b"{}", "r-1")
+            assert upstream.pool._slots.locked()  # the only inference slot is taken
+            listing = await upstream.get_models(2.0)
+            stream.close()
+        finally:
+            await upstream.aclose()
+        assert listing == {"object": "list", "data": []}
+
+
+@pytest.mark.parametrize(("behaviour", "reason"), [("silent", "timeout"), ("cut", "http_error")])
+async def test_a_listing_that_fails_says_why(behaviour: str, reason: str) -> None:
+    async for base_url in _listing_worker(behaviour):
+        upstream = Upstream(UpstreamConfig(base_url=base_url, route=_ROUTE))
+        try:
+            with pytest.raises(ListingError) as failed:
+                await upstream.get_models(0.3)
+        finally:
+            await upstream.aclose()
+        assert failed.value.reason == reason
+
+
+async def test_a_listing_nobody_answers_is_connection_refused() -> None:
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()  # the port is free again: nothing listens there
+    upstream = Upstream(UpstreamConfig(base_url=f"http://127.0.0.1:{port}", route=_ROUTE))
+    try:
+        with pytest.raises(ListingError) as failed:
+            await upstream.get_models(2.0)
+    finally:
+        await upstream.aclose()
+    assert failed.value.reason == "connection_refused"

@@ -261,6 +261,6 @@ async def test_plain_routes_resolve_as_before_beside_a_release() -> None:
 async def test_aclose_closes_every_workers_client() -> None:
     async with _table(_two_workers()) as table:
         clients = [w.client for w in table.workers.values()]
-        assert all(isinstance(c, Upstream) for c in clients)
+        assert all(isinstance(c, Upstream) and not c.closed for c in clients)
         await table.aclose()
-        assert all(isinstance(c, Upstream) and c._client.is_closed for c in clients)
+        assert all(isinstance(c, Upstream) and c.closed for c in clients)
