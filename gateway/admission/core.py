@@ -199,8 +199,41 @@ class FairQueueCore:
 
     # -- mutations ---------------------------------------------------------
 
-    def enqueue(self, ticket: Ticket) -> None:
-        """Queue ``ticket``; raise 400 for an impossible weight, 429 when full."""
+    def admit_now(self, ticket: Ticket) -> bool:
+        """Grant ``ticket`` at once when nothing waits in this pool and it fits
+        (free units, the tenant's cap): the state :meth:`enqueue` and
+        :meth:`grants` would leave, without the queue, the heap and the grant
+        list (the common case of an unloaded worker). False, and no change, when
+        it would have to wait: :meth:`enqueue` it then."""
+        self._check(ticket)
+        weight = ticket.weight
+        if weight == 0:
+            self._stamp(ticket)
+            ticket.state = TicketState.HELD
+            ticket.granted_at = ticket.enqueued_at
+            return True
+        if self._waiting or weight > self.capacity - self._in_use:
+            return False
+        tenant = ticket.tenant
+        queue = self._tenants.get(tenant)
+        if queue is None:
+            queue = self._tenants[tenant] = _TenantQueue()
+        if self._held_everywhere(tenant, queue) + weight > ticket.max_permits:
+            return False
+        self._stamp(ticket)
+        # As the scheduler admits a head: its start is max(V, finish).
+        start = max(self._vtime, queue.finish)
+        self._vtime = start
+        queue.finish = start + weight / ticket.share
+        ticket.state = TicketState.HELD
+        ticket.granted_at = ticket.enqueued_at
+        queue.held += weight
+        if self._shared is not None:
+            self._shared[tenant] = self._shared.get(tenant, 0) + weight
+        self._in_use += weight
+        return True
+
+    def _check(self, ticket: Ticket) -> None:
         if ticket.state is not TicketState.WAITING or ticket.seq >= 0:
             raise ValueError("ticket was already enqueued")
         if ticket.weight < 0 or ticket.share <= 0 or ticket.max_permits < 1:
@@ -210,8 +243,15 @@ class FairQueueCore:
                 "admission_weight_exceeded",
                 "The request needs more permit units than the tenant may hold.",
             )
+
+    def _stamp(self, ticket: Ticket) -> None:
         ticket.seq = self._seq
         self._seq += 1
+
+    def enqueue(self, ticket: Ticket) -> None:
+        """Queue ``ticket``; raise 400 for an impossible weight, 429 when full."""
+        self._check(ticket)
+        self._stamp(ticket)
         if ticket.weight == 0:
             # Takes no units, so it neither waits nor touches tenant accounting.
             ticket.state = TicketState.HELD

@@ -99,6 +99,26 @@ class Admission:
     def held(self, tenant: str) -> int:
         return self._core.held(tenant)
 
+    def try_acquire(
+        self,
+        tenant: str,
+        weight: int,
+        *,
+        share: float,
+        max_permits: int,
+        timeout_s: float,
+    ) -> Permit | None:
+        """The permit at once when nothing waits and it fits, else None (and
+        nothing changed): :meth:`acquire` it then. No future, no timer, no await."""
+        now = self._clock()
+        ticket = Ticket(tenant, weight, share, max_permits, now, now + timeout_s)
+        return self._admitted(ticket) if self._core.admit_now(ticket) else None
+
+    def _admitted(self, ticket: Ticket) -> Permit:
+        if self._on_change is not None:
+            self._on_change(self._core.in_use, self._core.queue_depth)
+        return Permit(self, ticket)
+
     async def acquire(
         self,
         tenant: str,
@@ -110,6 +130,8 @@ class Admission:
     ) -> Permit:
         now = self._clock()
         ticket = Ticket(tenant, weight, share, max_permits, now, now + timeout_s)
+        if self._core.admit_now(ticket):
+            return self._admitted(ticket)
         self._core.enqueue(ticket)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[bool] = loop.create_future()

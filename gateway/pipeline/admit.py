@@ -22,6 +22,19 @@ def weight(tenant: Tenant, plan: Plan, endpoint: Endpoint) -> int:
     return request_weight(cost, [m.kind for m in plan.media])
 
 
+def permit_now(tenant: Tenant, worker: Worker, plan: Plan, endpoint: Endpoint) -> Permit | None:
+    """The permit without a wait when nothing waits for the worker and it fits
+    (an unloaded worker's every request); None: await :func:`permit_for`."""
+    admission = tenant.policy.admission
+    return worker.admission.try_acquire(
+        tenant.name,
+        weight(tenant, plan, endpoint),
+        share=admission.share,
+        max_permits=admission.max_permits,
+        timeout_s=admission.queue_timeout_s,
+    )
+
+
 def permit_for(tenant: Tenant, worker: Worker, plan: Plan, endpoint: Endpoint) -> Awaitable[Permit]:
     admission = tenant.policy.admission
     return worker.admission.acquire(

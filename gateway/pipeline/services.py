@@ -65,6 +65,16 @@ class Limits(Protocol):
         wait_s: float = 0.0,
     ) -> Hold: ...
 
+    def reserve_now(
+        self,
+        tenant: str,
+        limits: TenantLimits,
+        tokens: int,
+        *,
+        concurrent: bool = True,
+        wait_s: float = 0.0,
+    ) -> Hold | None: ...
+
     def settle(self, hold: Hold, used_tokens: int) -> None: ...
 
 

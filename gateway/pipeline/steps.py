@@ -28,7 +28,7 @@ from gateway.config.policy import Tenant
 from gateway.core.body import check_size
 from gateway.core.errors import GatewayError
 from gateway.observe.tracing import NS, step
-from gateway.pipeline.admit import permit_for
+from gateway.pipeline.admit import permit_for, permit_now
 from gateway.pipeline.call import Call, Routed
 from gateway.pipeline.fallback import Fallback
 from gateway.pipeline.media import body_layout, lease_records, refill, stage_inline
@@ -110,16 +110,16 @@ async def run(call: Call, routed: Routed, api: Api, plan: Plan) -> None:
         limits.tokens_per_day,
         limits.max_concurrent_requests,
     )
+    tokens = _reserve(plan, tenant) if plan.bills_tokens else 0
+    # The slot must outlast the admission wait as well as the worker call.
+    wait_s = tenant.policy.admission.queue_timeout_s
     began = now()
     try:
         with step(call.info.span, "gateway.limits"):
-            routed.reservation = await services.limits.reserve(
-                tenant.name,
-                tenant_limits,
-                _reserve(plan, tenant) if plan.bills_tokens else 0,
-                # The slot must outlast the admission wait as well as the worker call.
-                wait_s=tenant.policy.admission.queue_timeout_s,
-            )
+            # Judged at once when the store is this process's; awaited when shared.
+            routed.reservation = services.limits.reserve_now(
+                tenant.name, tenant_limits, tokens, wait_s=wait_s
+            ) or await services.limits.reserve(tenant.name, tenant_limits, tokens, wait_s=wait_s)
             rate_headers = routed.reservation.headers()
             for _ in range(plan.calls - 1):
                 # Each further worker call is a request too: counted, no slot, no token.
@@ -161,8 +161,12 @@ async def _admit(call: Call, routed: Routed, api: Api, plan: Plan) -> None:
     """One worker call's permit (spec §7); the waits of several calls add up."""
     worker = routed.worker
     queued_at = now()
+    tenant, endpoint = call.tenant, api.endpoint
     with step(call.info.span, "gateway.admission", {NS + "upstream": worker.name}):
-        routed.permit = await permit_for(call.tenant, worker, plan, api.endpoint)
+        # An unloaded worker's permit without a future or a wait; else queued.
+        routed.permit = permit_now(tenant, worker, plan, endpoint) or await permit_for(
+            tenant, worker, plan, endpoint
+        )
     waited = now() - queued_at
     call.timings.admission = (call.timings.admission or 0.0) + waited
     call.receipt.queue_ms = ms(call.timings.admission)

@@ -135,6 +135,20 @@ class LimitsStore(Protocol):
         slot is renewed while the hold is unsettled instead."""
         ...
 
+    def reserve_now(
+        self,
+        tenant: str,
+        limits: TenantLimits,
+        tokens: int,
+        *,
+        concurrent: bool = True,
+        wait_s: float = 0.0,
+    ) -> Hold | None:
+        """:meth:`reserve` decided in this process, without a wait: the hold or
+        its refusal; None when the store must be asked (a shared one): await
+        :meth:`reserve` then. No coroutine for a memory store's every request."""
+        ...
+
     def settle(self, hold: Hold, used_tokens: int) -> None: ...
 
     async def flush(self, timeout_s: float) -> bool:

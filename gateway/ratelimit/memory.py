@@ -117,6 +117,17 @@ class MemoryLimitsStore:
         concurrent: bool = True,
         wait_s: float = 0.0,
     ) -> Hold:
+        return self.reserve_now(tenant, limits, tokens, concurrent=concurrent, wait_s=wait_s)
+
+    def reserve_now(
+        self,
+        tenant: str,
+        limits: TenantLimits,
+        tokens: int,
+        *,
+        concurrent: bool = True,
+        wait_s: float = 0.0,
+    ) -> Hold:
         started = time.perf_counter()
         try:
             return self._reserve(tenant, limits, tokens, concurrent, wait_s)

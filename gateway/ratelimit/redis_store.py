@@ -341,6 +341,17 @@ class RedisLimitsStore:
             found = self._keys[tenant] = tenant_keys(self._prefix, tenant)
         return found
 
+    def reserve_now(
+        self,
+        tenant: str,
+        limits: TenantLimits,
+        tokens: int,
+        *,
+        concurrent: bool = True,
+        wait_s: float = 0.0,
+    ) -> Hold | None:
+        return None  # the shared counters are Redis's to judge
+
     async def reserve(
         self,
         tenant: str,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -414,3 +414,82 @@ TestAdmissionMachine = AdmissionMachine.TestCase
 TestAdmissionMachine.settings = settings(
     max_examples=100, stateful_step_count=40, deadline=None, derandomize=True
 )
+
+
+# -- admit_now: the unloaded worker's shortcut ---------------------------------
+
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("arrive"), st.sampled_from(sorted(TENANTS)), st.integers(0, 5)),
+        st.tuples(st.just("release"), st.integers(0, 30), st.just(0)),
+        st.tuples(st.just("wait"), st.just(""), st.integers(1, 3)),
+    ),
+    max_size=40,
+)
+
+
+def _state(core: FairQueueCore, tickets: list[Ticket]) -> tuple[object, ...]:
+    finish = {name: queue.finish for name, queue in core._tenants.items()}
+    return (
+        [t.state for t in tickets],
+        [t.granted_at for t in tickets],
+        core.in_use,
+        core.queue_depth,
+        {tenant: core.held(tenant) for tenant in TENANTS},
+        core._vtime,
+        finish,
+    )
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(ops=_OPS)
+def test_admit_now_leaves_the_state_enqueue_and_grants_would(
+    ops: list[tuple[str, str, int]],
+) -> None:
+    """Two pools, the same arrivals: one tries ``admit_now`` first, the other
+    always queues and schedules. Every grant, wait, vtime and finish tag agree."""
+    fast, slow = FairQueueCore(CAPACITY, MAX_QUEUE), FairQueueCore(CAPACITY, MAX_QUEUE)
+    mine: list[Ticket] = []
+    theirs: list[Ticket] = []
+    now = 0.0
+    shortcuts = 0
+    for op, tenant, n in ops:
+        if op == "arrive":
+            share, max_permits = TENANTS[tenant]
+            pair = [Ticket(tenant, n, share, max_permits, now, now + 5.0) for _ in range(2)]
+            refused: list[str | None] = []
+            for core, ticket, taken in ((fast, pair[0], True), (slow, pair[1], False)):
+                try:
+                    if not (taken and core.admit_now(ticket)):
+                        core.enqueue(ticket)
+                    elif ticket.weight:
+                        shortcuts += 1
+                    refused.append(None)
+                except GatewayError as exc:
+                    refused.append(exc.code)
+            assert refused[0] == refused[1]
+            if refused[0] is None:
+                mine.append(pair[0])
+                theirs.append(pair[1])
+        elif op == "release":
+            for tickets, core in ((mine, fast), (theirs, slow)):
+                held = [t for t in tickets if t.state is TicketState.HELD]
+                if held:
+                    core.release(held[n % len(held)], now)
+        else:
+            now += n
+            assert [t.seq for t in fast.expire(now)] == [t.seq for t in slow.expire(now)]
+        fast.grants(now)
+        slow.grants(now)
+        assert _state(fast, mine) == _state(slow, theirs)
+
+
+def test_admit_now_declines_while_anyone_waits() -> None:
+    core = FairQueueCore(3, 4)
+    assert core.admit_now(ticket("a", 2))
+    core.enqueue(ticket("b", 2))  # one unit free: it waits for a second
+    assert core.queue_depth == 1
+    late = ticket("c", 1)
+    # The free unit would fit it, but the waiter has the turn: nobody jumps it.
+    assert not core.admit_now(late)
+    assert late.state is TicketState.WAITING and late.seq == -1 and core.queue_depth == 1

@@ -221,6 +221,17 @@ class FakeLimits:
     ) -> Hold:
         raise AssertionError("these tests never reserve")
 
+    def reserve_now(
+        self,
+        tenant: str,
+        limits: TenantLimits,
+        tokens: int,
+        *,
+        concurrent: bool = True,
+        wait_s: float = 0.0,
+    ) -> Hold | None:
+        raise AssertionError("these tests never reserve")
+
     def settle(self, hold: Hold, used_tokens: int) -> None:
         self.settled.append((hold, used_tokens))
 
