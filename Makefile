@@ -36,7 +36,7 @@ postgresql:
 # The whole suite against the build `make setup` made (compiled where a C
 # compiler is), then the compiled modules' own tests against the pure-Python
 # modules (GATEWAY_PURE=1); tests/test_native.py proves which build each ran.
-PURE_TESTS := tests/test_native.py tests/core tests/apis tests/pipeline tests/fuzz
+PURE_TESTS := tests/test_native.py tests/core tests/apis tests/pipeline tests/fuzz tests/admission tests/ratelimit
 
 test: lint redis-server postgresql
 	@build=$$($(BIN)/python -m gateway.tools.build_native --expect); \

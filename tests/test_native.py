@@ -43,6 +43,20 @@ def test_the_expected_build_is_loaded() -> None:
     assert ("gateway._native__mypyc" in sys.modules) == (expected == "mypyc")
 
 
+def test_every_compiled_module_is_tested_on_both_builds() -> None:
+    """``make test``'s pure pass runs the tests of every compiled module (the
+    folder mirroring its package), so neither build goes untested."""
+    line = next(
+        line
+        for line in (ROOT / "Makefile").read_text().splitlines()
+        if line.startswith("PURE_TESTS :=")
+    )
+    pure = line.split(":=", 1)[1].split()
+    for name in native.COMPILED:
+        folder = "tests/" + "/".join(name.split(".")[1:-1])
+        assert any(folder == t or folder.startswith(t + "/") for t in pure), name
+
+
 def _probe(env: dict[str, str]) -> dict[str, str]:
     code = (
         "import json, gateway.core.sse as m, gateway.native as n; "

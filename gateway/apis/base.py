@@ -409,7 +409,11 @@ class Endpoint:
 class Api(Protocol):
     """An endpoint descriptor; see the module docstring."""
 
-    endpoint: Endpoint
+    @property
+    def endpoint(self) -> Endpoint:
+        """The descriptor's, read from its class too (a ``ClassVar`` there: a
+        compiled class keeps an instance attribute off the class)."""
+        ...
 
     def plan(self, body: Any, ctx: PlanContext) -> Plan: ...
 

@@ -12,7 +12,7 @@ carries ``max_tokens`` explicitly; the worker's chunks are read by
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from gateway.apis.agents.rewrite import rewrite_chat
 from gateway.apis.base import (
@@ -186,7 +186,7 @@ BODY = obj(
 
 
 class ChatApi:
-    endpoint = Endpoint(
+    endpoint: ClassVar[Endpoint] = Endpoint(
         name="chat.completions",
         path="/v1/chat/completions",
         operation="chat",

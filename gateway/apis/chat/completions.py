@@ -10,7 +10,7 @@ chunks received, never more than ``max_tokens``. A stream that asked for
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from gateway.apis.base import (
     Dialect,
@@ -48,7 +48,7 @@ BODY = obj(
 
 
 class CompletionsApi:
-    endpoint = Endpoint(
+    endpoint: ClassVar[Endpoint] = Endpoint(
         name="completions",
         path="/v1/completions",
         operation="text_completion",

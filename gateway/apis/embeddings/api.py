@@ -41,7 +41,7 @@ import base64
 import binascii
 import math
 import sys
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 
@@ -132,7 +132,7 @@ def inputs_of(value: Any) -> list[Any]:
 
 
 class EmbeddingsApi:
-    endpoint = Endpoint(
+    endpoint: ClassVar[Endpoint] = Endpoint(
         name="embeddings",
         path="/v1/embeddings",
         operation="embeddings",

@@ -22,7 +22,7 @@ and ``height``.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, ClassVar
 
 from gateway.apis.base import (
     Dialect,
@@ -78,7 +78,7 @@ def parse_size(value: str, ctx: PlanContext) -> tuple[int, int]:
 
 
 class ImagesApi:
-    endpoint = Endpoint(
+    endpoint: ClassVar[Endpoint] = Endpoint(
         name="images",
         path="/v1/images/generations",
         operation="generate_content",

@@ -25,7 +25,7 @@ same validated message, in Anthropic form, to the worker's own
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, ClassVar
 
 from gateway.apis.agents.rewrite import rewrite_messages
 from gateway.apis.base import (
@@ -387,7 +387,7 @@ def _without_cache(value: Any) -> Any:
 
 
 class MessagesApi:
-    endpoint = Endpoint(
+    endpoint: ClassVar[Endpoint] = Endpoint(
         name="messages",
         path="/v1/messages",
         operation="chat",
@@ -410,7 +410,7 @@ class MessagesApi:
 
 
 class CountTokensApi:
-    endpoint = Endpoint(
+    endpoint: ClassVar[Endpoint] = Endpoint(
         name="messages.count_tokens",
         path="/v1/messages/count_tokens",
         operation="count_tokens",

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from gateway.apis.base import (
     Dialect,
@@ -379,7 +379,7 @@ _OUTPUT_NAMES = ("max_output_tokens", "max_tokens", "max_completion_tokens")
 
 
 class ResponsesApi:
-    endpoint = Endpoint(
+    endpoint: ClassVar[Endpoint] = Endpoint(
         name="responses",
         path="/v1/responses",
         operation="chat",

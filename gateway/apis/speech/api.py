@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from gateway.apis.base import (
     Dialect,
@@ -81,7 +81,7 @@ class SpeechRequest:
 
 
 class SpeechApi:
-    endpoint = Endpoint(
+    endpoint: ClassVar[Endpoint] = Endpoint(
         name="speech",
         path="/v1/audio/speech",
         operation="generate_content",
