@@ -36,7 +36,7 @@ from pathlib import Path
 
 from bench.loadgen import close_connections, open_connections, run_load
 from bench.procs import Child, gateway_command, start_simulator, wait_ready
-from bench.run import _config, _payloads, _settle, _tokens
+from bench.run import DONE, FIRST_CONTENT, PATHS, _config, _payloads, _settle, _tokens
 from gateway.testing.harness import DEMO_SECRET_ENV, new_dev_secret
 from gateway.testing.simulator.server import loop_factory
 
@@ -58,6 +58,7 @@ def count(
     keep: Path | None = None,
     idle_s: float = 0.0,
     delay_ms: float = 0.0,
+    api: str = "chat",
 ) -> tuple[float, int, float]:
     """(instructions per request, requests that ended with [DONE], the same
     less the idle gateway's rate over the window's wall time); ``keep``: copy
@@ -85,7 +86,7 @@ def count(
             f"[[sim chunks={chunks} delay_ms={delay_ms:g}]]",
             _tokens(secret),
             [],
-            "chat",
+            api,
         )
         run = asyncio.Runner(loop_factory=loop_factory())
         with run:
@@ -95,7 +96,8 @@ def count(
                 def load(total: int) -> int:
                     result = run.run(
                         run_load(gateway.port, payload, total=total, concurrency=1,
-                                 request_timeout_s=60, budget_s=600, connections=conns)
+                                 request_timeout_s=60, budget_s=600, connections=conns,
+                                 first_content=FIRST_CONTENT[api], done_tail=DONE[api])
                     )  # fmt: skip
                     return len(result.ok)
 
@@ -154,17 +156,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--idle", type=float, default=10.0, help="seconds of idle counting (0: no correction)"
     )
+    parser.add_argument(
+        "--api", choices=sorted(PATHS), default="chat", help="the endpoint streamed (bench.run's)"
+    )
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("valgrind is not installed: no instruction count (Debian: apt-get install valgrind)")
         return 0
     started = time.monotonic()
     per_request, ok, corrected = count(
-        args.requests, args.chunks, args.keep, args.idle, args.delay_ms
+        args.requests, args.chunks, args.keep, args.idle, args.delay_ms, args.api
     )
     took = time.monotonic() - started
     spaced = f", {args.delay_ms:g} ms apart" if args.delay_ms else ""
-    print(f"gateway instructions per streamed chat request ({args.chunks} chunks{spaced}, C=1): "
+    print(f"gateway instructions per streamed {args.api} request "
+          f"({args.chunks} chunks{spaced}, C=1): "
           f"{per_request / 1e6:.3f} M, corrected {corrected / 1e6:.3f} M "
           f"({ok}/{args.requests} ok, {took:.0f} s under valgrind)")  # fmt: skip
     return 0 if ok == args.requests else 1
