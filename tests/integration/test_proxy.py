@@ -345,8 +345,9 @@ def test_unexpected_error_is_a_clean_500_and_releases_everything(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(secret)
 
-    original = runtime.ratelimit.reserve
-    runtime.ratelimit.reserve = broken
+    # Both ways in: the memory store judges at once (reserve_now), a shared one is awaited.
+    originals = runtime.ratelimit.reserve, runtime.ratelimit.reserve_now
+    runtime.ratelimit.reserve = runtime.ratelimit.reserve_now = broken
     try:
         with stack.client() as client:
             response = client.post(
@@ -355,7 +356,7 @@ def test_unexpected_error_is_a_clean_500_and_releases_everything(
                 headers={"x-request-id": "req-broken-1"},
             )
     finally:
-        runtime.ratelimit.reserve = original
+        runtime.ratelimit.reserve, runtime.ratelimit.reserve_now = originals
     assert response.status_code == 500
     body = response.json()
     assert body["error"]["code"] == "internal_error"
