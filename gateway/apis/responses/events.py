@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -49,6 +48,7 @@ import orjson
 from gateway.apis.base import OneCall, OutputText, Plan, Report, StreamBounds, TextNul
 from gateway.apis.chat.answer import worker_text
 from gateway.apis.chat.grammar import DONE_FRAME
+from gateway.apis.chat.plain import plain_text
 from gateway.apis.ids import InnerIds, gateway_id
 from gateway.apis.responses.fill import (
     LOGPROB_EVENTS,
@@ -110,13 +110,81 @@ _ITEM_ID_EVENTS = OUTPUT_EVENTS - _ITEM_EVENTS - {"response.in_progress", "respo
 _ITEM_PREFIXES = {"message": "msg_", "function_call": "fc_", "reasoning": "rs_"}
 
 
-@dataclass(slots=True)
-class ResponseEvent:
-    """One validated event; ``data`` is the caller's to mutate afterwards."""
+#: the text delta a stream is mostly made of (a template is learned for it)
+_TEXT_DELTA = "response.output_text.delta"
+#: text deltas a stream may parse in full to learn its template from
+_LEARN_TRIES = 4
+#: sentinels a delta's JSON is cut at: each is its own JSON, found once
+_SEQ_MARK = 7_305_964_281_130_007
+_TEXT_MARK = "\ue000\ue001\ue002"
 
-    name: str
-    data: dict[str, Any]
-    text: str
+
+class ResponseEvent:
+    """One validated event; ``data`` is the caller's to mutate afterwards.
+
+    A plain delta (:attr:`plain`: a text delta validated on its bytes, see
+    :meth:`ResponsesGrammar.on_event`) is parsed only when ``data`` is read;
+    ``seq`` is its sequence number. ``learned``: the grammar learned its
+    delta template from this event (a dialect learns its frame from it)."""
+
+    def __init__(
+        self,
+        name: str,
+        data: dict[str, Any] | None,
+        text: str,
+        *,
+        raw: str = "",
+        seq: int = -1,
+        learned: bool = False,
+        loads: Callable[[bytes | str], Any] = json.loads,
+    ) -> None:
+        self.name = name
+        self.text = text
+        self.seq = seq
+        self.learned = learned
+        self._data = data
+        self._raw = raw
+        self._loads = loads
+
+    @property
+    def data(self) -> dict[str, Any]:
+        data = self._data
+        if data is None:
+            data = self._data = self._loads(self._raw)
+        return data
+
+    @property
+    def plain(self) -> bool:
+        """A plain delta nobody has parsed yet: its frame may be spliced."""
+        return self._data is None
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ResponseEvent):
+            return NotImplemented
+        return (self.name, self.data, self.text) == (other.name, other.data, other.text)
+
+    def __repr__(self) -> str:
+        return f"ResponseEvent({self.name!r}, {self.data!r}, {self.text!r})"
+
+
+def delta_parts(obj: dict[str, Any]) -> tuple[str, str, str] | None:
+    """(head, mid, tail): orjson's JSON of the delta event ``obj`` cut at its
+    ``sequence_number`` and its ``delta``, so that ``head + str(n) + mid + t +
+    tail`` is that JSON with number ``n`` and text ``t`` for any
+    :func:`~gateway.apis.chat.plain.plain_text` ``t``; None when the number
+    does not come first or orjson cannot write ``obj``."""
+    probe = dict(obj)
+    probe["sequence_number"] = _SEQ_MARK
+    probe["delta"] = _TEXT_MARK
+    try:
+        dumped = orjson.dumps(probe).decode()
+    except TypeError:  # orjson.JSONEncodeError: e.g. an integer past 64 bits
+        return None
+    number = str(_SEQ_MARK)
+    at_n, at_t = dumped.find(number), dumped.find(_TEXT_MARK)
+    if at_n < 0 or at_t < at_n or dumped.count(number) != 1 or dumped.count(_TEXT_MARK) != 1:
+        return None
+    return dumped[:at_n], dumped[at_n + len(number) : at_t], dumped[at_t + len(_TEXT_MARK) :]
 
 
 def _content_parts(
@@ -163,6 +231,9 @@ class ResponsesGrammar:
         self.incomplete_reason: str | None = None
         self.text = OutputText(max_text_bytes, text_nul, "event")
         self.deltas = 0
+        #: the stream's text delta cut around its number and text, once learned
+        self._delta_cut: tuple[str, str, str] | None = None
+        self._learn_left = _LEARN_TRIES
 
     @property
     def terminated(self) -> bool:
@@ -178,6 +249,10 @@ class ResponsesGrammar:
             raise violation("Upstream sent an unnamed event in a Responses stream.")
         if self.terminal is not None:
             raise violation("Upstream sent an event after the terminal response event.")
+        if name == _TEXT_DELTA and self._delta_cut is not None:
+            plain = self._plain_delta(data, self._delta_cut)
+            if plain is not None:
+                return plain
         if name == "error":
             raise GatewayError("upstream_error")
         if name not in _KNOWN:
@@ -197,7 +272,45 @@ class ResponsesGrammar:
         # Counted only once accepted: a gateway error event takes the next number
         # after the last event the caller saw.
         self._next_seq = seq + 1
-        return ResponseEvent(name, obj, text)
+        learned = (
+            name == _TEXT_DELTA and self._delta_cut is None and self._learn(obj, data, seq, text)
+        )
+        return ResponseEvent(name, obj, text, learned=learned)
+
+    def _plain_delta(self, data: str, parts: tuple[str, str, str]) -> ResponseEvent | None:
+        """The text delta when ``data`` is the learned one with the next number
+        and a :func:`plain_text` text: then it parses to the learned event with
+        those two values, which every check above passes (its name and type,
+        the number in order, no response object, a string delta without NUL),
+        so only its text is counted. None: check it in full."""
+        seq = self.next_sequence_number
+        head = parts[0] + str(seq) + parts[1]
+        tail = parts[2]
+        if not (data.startswith(head) and data.endswith(tail)):
+            return None
+        end = len(data) - len(tail)
+        if end < len(head):
+            return None
+        text = data[len(head) : end]
+        if not plain_text(text):
+            return None
+        self.text.count(text)
+        self.deltas += 1
+        self._next_seq = seq + 1
+        return ResponseEvent(_TEXT_DELTA, None, text, raw=data, seq=seq, loads=self._loads)
+
+    def _learn(self, obj: dict[str, Any], data: str, seq: int, text: str) -> bool:
+        """Learn the text delta from ``obj``, a delta the full checks passed,
+        when the worker wrote it (``data``) exactly as orjson writes it."""
+        if not text or not plain_text(text) or self._learn_left <= 0:
+            return False
+        # a worker whose bytes are not orjson's is not asked again and again
+        self._learn_left -= 1
+        parts = delta_parts(obj)
+        if parts is None or data != parts[0] + str(seq) + parts[1] + text + parts[2]:
+            return False
+        self._delta_cut = parts
+        return True
 
     def _parse(self, data: str) -> dict[str, Any]:
         # A failure is raised outside the handler: the decoder's error holds
@@ -315,6 +428,20 @@ class ResponsesValidator(StreamValidator[ResponseEvent]):
 _OUTCOMES = {"response.completed": "complete", "response.failed": "upstream_error"}
 
 
+def _frame_parts(data: dict[str, Any], frame: bytes) -> tuple[bytes, bytes, bytes] | None:
+    """The caller's text delta frame cut around its number and text, when the
+    cut reproduces ``frame`` (the event's own frame) byte for byte."""
+    parts = delta_parts(data)
+    seq, text = data.get("sequence_number"), data.get("delta")
+    if parts is None or type(seq) is not int or not isinstance(text, str):
+        return None
+    head = _FRAME_HEADS[_TEXT_DELTA] + parts[0].encode()
+    mid, tail = parts[1].encode(), parts[2].encode() + b"\n\n"
+    if head + str(seq).encode() + mid + text.encode() + tail != frame:
+        return None
+    return head, mid, tail
+
+
 class ResponsesDialect(OneCall):
     """One Responses answer, for a streaming or a non-streaming caller."""
 
@@ -342,15 +469,28 @@ class ResponsesDialect(OneCall):
         self._response: dict[str, Any] | None = None
         #: output_index -> the id of the item announced there (``item_id``)
         self._item_ids: dict[int, str] = {}
+        #: the caller's text delta frame cut around its number and text, once
+        #: learned from the frame of the event the grammar learned its from
+        self._delta_frame: tuple[bytes, bytes, bytes] | None = None
 
     @property
     def source(self) -> ResponsesValidator:
         return self.validator
 
     def on_item(self, event: ResponseEvent) -> bytes | None:
-        name, data = event.name, event.data
+        name = event.name
         if event.text or name in TERMINAL_EVENTS:
             self.has_content = True
+        if event.plain:
+            if self.collect:
+                return None  # a text delta carries no response object
+            frame = self._delta_frame
+            if frame is not None:
+                # The learned event with another number and text: its frame is
+                # the learned frame with them (the item id and the rest unchanged).
+                number = str(event.seq).encode()
+                return frame[0] + number + frame[1] + event.text.encode() + frame[2]
+        data = event.data
         response = data.get("response")
         if isinstance(response, dict):
             response["id"] = self.id
@@ -369,7 +509,10 @@ class ResponsesDialect(OneCall):
             self._fill_content_event(name, data)
         elif name in _ITEM_EVENTS:
             self._fill_item_event(data)
-        return _FRAME_HEADS[name] + orjson.dumps(data) + b"\n\n"
+        out = _FRAME_HEADS[name] + orjson.dumps(data) + b"\n\n"
+        if event.learned and self._delta_frame is None:
+            self._delta_frame = _frame_parts(data, out)
+        return out
 
     def _own_item(self, item: Any) -> None:
         """An output item's ids, the gateway's (the same each time it appears)."""
