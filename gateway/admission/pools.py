@@ -110,9 +110,14 @@ class Admission:
     ) -> Permit | None:
         """The permit at once when nothing waits and it fits, else None (and
         nothing changed): :meth:`acquire` it then. No future, no timer, no await."""
-        now = self._clock()
-        ticket = Ticket(tenant, weight, share, max_permits, now, now + timeout_s)
+        ticket = self._ticket(tenant, weight, share, max_permits, timeout_s)
         return self._admitted(ticket) if self._core.admit_now(ticket) else None
+
+    def _ticket(
+        self, tenant: str, weight: int, share: float, max_permits: int, timeout_s: float
+    ) -> Ticket:
+        now = self._clock()
+        return Ticket(tenant, weight, share, max_permits, now, now + timeout_s)
 
     def _admitted(self, ticket: Ticket) -> Permit:
         if self._on_change is not None:
@@ -128,8 +133,7 @@ class Admission:
         max_permits: int,
         timeout_s: float,
     ) -> Permit:
-        now = self._clock()
-        ticket = Ticket(tenant, weight, share, max_permits, now, now + timeout_s)
+        ticket = self._ticket(tenant, weight, share, max_permits, timeout_s)
         if self._core.admit_now(ticket):
             return self._admitted(ticket)
         self._core.enqueue(ticket)

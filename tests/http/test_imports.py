@@ -5,28 +5,17 @@ import cost ~5-7 MB of every replica's RSS (docs/performance.md)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.imports import top_level_imports
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _imported_by(*modules: str) -> set[str]:
-    script = (
-        "import importlib, json, sys\n"
-        f"for name in {list(modules)!r}: importlib.import_module(name)\n"
-        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, check=True, timeout=60
-    )
-    return set(json.loads(done.stdout))
-
-
 def test_the_serving_gateway_imports_no_httpx() -> None:
-    loaded = _imported_by("gateway.tools.cli", "gateway.http.server", "gateway.http.app")
+    loaded = top_level_imports(["gateway.tools.cli", "gateway.http.server", "gateway.http.app"])
     assert "uvicorn" in loaded and "gateway" in loaded
     assert loaded & {"httpx", "httpcore", "rich", "pygments"} == set()
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import tracemalloc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
@@ -34,16 +34,21 @@ def _reply(body: bytes, *, coding: bytes | None = None, chunked: bool = False) -
     return head + b"content-length: %d\r\n\r\n" % len(body) + body
 
 
-async def _worker(reply: bytes) -> AsyncIterator[str]:
+#: what a loopback worker does with one connection, given the request's head
+Answer = Callable[[bytes, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def _serving(answer: Answer) -> AsyncIterator[str]:
+    """A worker on loopback: each connection's request head read, then
+    ``answer`` (10 s at most), then the connection aborted; every connection
+    still open is aborted when the test lets go."""
+    connections: list[asyncio.StreamWriter] = []
+
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)
         try:
             async with asyncio.timeout(10):
-                await reader.readuntil(b"\r\n\r\n")
-                # In pieces, so that this side's buffer is not what the test measures.
-                view = memoryview(reply)
-                for start in range(0, len(reply), 1 << 16):
-                    writer.write(view[start : start + (1 << 16)])
-                    await writer.drain()
+                await answer(await reader.readuntil(b"\r\n\r\n"), reader, writer)
         except (OSError, TimeoutError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -55,7 +60,23 @@ async def _worker(reply: bytes) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         server.close()
+        for writer in connections:
+            writer.transport.abort()
         await server.wait_closed()
+
+
+async def _worker(reply: bytes) -> AsyncIterator[str]:
+    async def answer(
+        head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        # In pieces, so that this side's buffer is not what the test measures.
+        view = memoryview(reply)
+        for start in range(0, len(reply), 1 << 16):
+            writer.write(view[start : start + (1 << 16)])
+            await writer.drain()
+
+    async for base_url in _serving(answer):
+        yield base_url
 
 
 @pytest.fixture(params=["gzip", "plain", "chunked"])
@@ -143,43 +164,29 @@ async def _listing_worker(behaviour: str) -> AsyncIterator[str]:
     """A worker whose ``POST`` streams one event and holds its connection open,
     and whose ``GET /v1/models`` answers by ``behaviour``: ``list``, ``silent``
     (never answers) or ``cut`` (closes inside the head)."""
-    held: list[asyncio.StreamWriter] = []
 
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            async with asyncio.timeout(10):
-                head = await reader.readuntil(b"\r\n\r\n")
-                if head.startswith(b"POST"):
-                    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-                    await reader.readexactly(length)
-                    writer.write(
-                        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                        b"transfer-encoding: chunked\r\n\r\n6\r\ndata: \r\n"
-                    )
-                    held.append(writer)
-                    await reader.read()  # until the client lets go
-                elif behaviour == "list":
-                    writer.write(_reply(b'{"object": "list", "data": []}'))
-                    await writer.drain()
-                elif behaviour == "cut":
-                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-ty")
-                    await writer.drain()
-                else:
-                    await reader.read()
-        except (OSError, TimeoutError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.transport.abort()
+    async def answer(
+        head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        if head.startswith(b"POST"):
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                b"transfer-encoding: chunked\r\n\r\n6\r\ndata: \r\n"
+            )
+            await reader.read()  # until the client lets go
+        elif behaviour == "list":
+            writer.write(_reply(b'{"object": "list", "data": []}'))
+            await writer.drain()
+        elif behaviour == "cut":
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-ty")
+            await writer.drain()
+        else:
+            await reader.read()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.close()
-        for writer in held:
-            writer.transport.abort()
-        await server.wait_closed()
+    async for base_url in _serving(answer):
+        yield base_url
 
 
 async def test_a_full_inference_pool_does_not_delay_the_listing() -> None:

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gateway.apis.base import OutputText, TextNul
-from gateway.apis.chat.plain import plain_text, text_parts, with_text
+from gateway.apis.chat.plain import Lazy, plain_text, spliced_text, text_parts, with_text
 from gateway.apis.usage import usage_count
 from gateway.core.errors import GatewayError
 from gateway.core.sse import Framing, StreamValidator, violation
@@ -93,25 +93,16 @@ class StreamRules:
         )
 
 
-class Chunk:
+class Chunk(Lazy):
     """One validated chunk. ``data`` is the caller's to mutate afterwards.
 
     A plain chunk (:meth:`ChunkGrammar.plain`) is validated on its bytes alone:
-    its ``data`` is parsed only when first read, and until then
-    :attr:`template` says how its bytes are made, for a dialect to splice its
-    frame instead of serializing ``data``.
+    its ``data`` is parsed only when first read (:class:`~.plain.Lazy`), and
+    until then :attr:`template` says how its bytes are made, for a dialect to
+    splice its frame instead of serializing ``data``.
     """
 
-    __slots__ = (
-        "_data",
-        "_loads",
-        "_raw",
-        "_template",
-        "finish_reason",
-        "text",
-        "tool_calls",
-        "usage",
-    )
+    __slots__ = ("_template", "finish_reason", "text", "tool_calls", "usage")
 
     def __init__(
         self,
@@ -127,22 +118,12 @@ class Chunk:
         loads: Callable[[bytes | str], Any] | None = None,
         template: dict[str, Any] | None = None,
     ) -> None:
-        self._data = data
+        super().__init__(data, raw, loads)
         self.text = text
         self.finish_reason = finish_reason
         self.usage = usage
         self.tool_calls = tool_calls
-        self._raw = raw
-        self._loads = loads
         self._template = template
-
-    @property
-    def data(self) -> dict[str, Any]:
-        data = self._data
-        if data is None:
-            assert self._loads is not None
-            data = self._data = self._loads(self._raw)
-        return data
 
     @property
     def template(self) -> dict[str, Any] | None:
@@ -151,11 +132,10 @@ class Chunk:
         return self._template if self._data is None else None
 
     def __repr__(self) -> str:
-        # never parses: reading ``data`` here would change how the chunk is framed
-        data = repr(self._data) if self._data is not None else f"<plain {self._raw!r}>"
         return (
-            f"Chunk(data={data}, text={self.text!r}, finish_reason={self.finish_reason!r}, "
-            f"usage={self.usage!r}, tool_calls={self.tool_calls!r})"
+            f"Chunk(data={self._shown()}, text={self.text!r}, "
+            f"finish_reason={self.finish_reason!r}, usage={self.usage!r}, "
+            f"tool_calls={self.tool_calls!r})"
         )
 
 
@@ -267,13 +247,8 @@ class ChunkGrammar:
         made from with another text, which the full checks would pass (same
         identity, one choice, no finish, usage or tool call), so only its text
         is counted. None: check it in full."""
-        if not (data.startswith(head) and data.endswith(tail)):
-            return None
-        end = len(data) - len(tail)
-        if end < len(head):
-            return None
-        text = data[len(head) : end]
-        if not plain_text(text):
+        text = spliced_text(data, head, tail)
+        if text is None:
             return None
         self.text.count(text)
         return Chunk(

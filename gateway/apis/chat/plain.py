@@ -16,11 +16,61 @@ character as its UTF-8, and nothing else in the object changed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
-__all__ = ["plain_text", "text_parts", "with_text"]
+__all__ = ["Lazy", "plain_text", "spliced_text", "text_parts", "with_text"]
+
+
+class Lazy:
+    """A worker event's JSON object, parsed from its bytes (``raw``) only when
+    first read. A plain event (validated on its text alone) is given no
+    object: until somebody reads :attr:`data` it is :attr:`plain`, and a
+    dialect frames it by splicing its text into a learned frame."""
+
+    __slots__ = ("_data", "_loads", "_raw")
+
+    def __init__(
+        self,
+        data: dict[str, Any] | None,
+        raw: str = "",
+        loads: Callable[[bytes | str], Any] | None = None,
+    ) -> None:
+        self._data = data
+        self._raw = raw
+        self._loads = loads
+
+    @property
+    def data(self) -> dict[str, Any]:
+        data = self._data
+        if data is None:
+            assert self._loads is not None
+            data = self._data = self._loads(self._raw)
+        return data
+
+    @property
+    def plain(self) -> bool:
+        """Validated on its text and not parsed since: its frame may be spliced."""
+        return self._data is None
+
+    def _shown(self) -> str:
+        # never parses: reading ``data`` in a repr would change how it is framed
+        return repr(self._data) if self._data is not None else f"<plain {self._raw!r}>"
+
+
+def spliced_text(data: str, head: str, tail: str) -> str | None:
+    """``t`` when ``data`` is ``head + t + tail`` with a :func:`plain_text`
+    ``t``: then ``data`` is the learned JSON with ``t`` as its text, and parses
+    to the learned object with that text. None: check ``data`` in full."""
+    if not (data.startswith(head) and data.endswith(tail)):
+        return None
+    end = len(data) - len(tail)
+    if end < len(head):
+        return None
+    text = data[len(head) : end]
+    return text if plain_text(text) else None
 
 
 def plain_text(text: str) -> bool:

@@ -48,7 +48,7 @@ import orjson
 from gateway.apis.base import OneCall, OutputText, Plan, Report, StreamBounds, TextNul
 from gateway.apis.chat.answer import worker_text
 from gateway.apis.chat.grammar import DONE_FRAME
-from gateway.apis.chat.plain import plain_text
+from gateway.apis.chat.plain import Lazy, plain_text, spliced_text
 from gateway.apis.ids import InnerIds, gateway_id
 from gateway.apis.responses.fill import (
     LOGPROB_EVENTS,
@@ -119,13 +119,16 @@ _SEQ_MARK = 7_305_964_281_130_007
 _TEXT_MARK = "\ue000\ue001\ue002"
 
 
-class ResponseEvent:
+class ResponseEvent(Lazy):
     """One validated event; ``data`` is the caller's to mutate afterwards.
 
-    A plain delta (:attr:`plain`: a text delta validated on its bytes, see
-    :meth:`ResponsesGrammar.on_event`) is parsed only when ``data`` is read;
-    ``seq`` is its sequence number. ``learned``: the grammar learned its
-    delta template from this event (a dialect learns its frame from it)."""
+    A plain delta (a text delta validated on its bytes, see
+    :meth:`ResponsesGrammar.on_event`) is parsed only when ``data`` is read
+    (:class:`~gateway.apis.chat.plain.Lazy`); ``seq`` is its sequence number.
+    ``learned``: the grammar learned its delta template from this event (a
+    dialect learns its frame from it)."""
+
+    __slots__ = ("learned", "name", "seq", "text")
 
     def __init__(
         self,
@@ -136,27 +139,13 @@ class ResponseEvent:
         raw: str = "",
         seq: int = -1,
         learned: bool = False,
-        loads: Callable[[bytes | str], Any] = json.loads,
+        loads: Callable[[bytes | str], Any] | None = None,
     ) -> None:
+        super().__init__(data, raw, loads)
         self.name = name
         self.text = text
         self.seq = seq
         self.learned = learned
-        self._data = data
-        self._raw = raw
-        self._loads = loads
-
-    @property
-    def data(self) -> dict[str, Any]:
-        data = self._data
-        if data is None:
-            data = self._data = self._loads(self._raw)
-        return data
-
-    @property
-    def plain(self) -> bool:
-        """A plain delta nobody has parsed yet: its frame may be spliced."""
-        return self._data is None
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ResponseEvent):
@@ -164,7 +153,7 @@ class ResponseEvent:
         return (self.name, self.data, self.text) == (other.name, other.data, other.text)
 
     def __repr__(self) -> str:
-        return f"ResponseEvent({self.name!r}, {self.data!r}, {self.text!r})"
+        return f"ResponseEvent({self.name!r}, {self._shown()}, {self.text!r})"
 
 
 def delta_parts(obj: dict[str, Any]) -> tuple[str, str, str] | None:
@@ -284,15 +273,8 @@ class ResponsesGrammar:
         the number in order, no response object, a string delta without NUL),
         so only its text is counted. None: check it in full."""
         seq = self.next_sequence_number
-        head = parts[0] + str(seq) + parts[1]
-        tail = parts[2]
-        if not (data.startswith(head) and data.endswith(tail)):
-            return None
-        end = len(data) - len(tail)
-        if end < len(head):
-            return None
-        text = data[len(head) : end]
-        if not plain_text(text):
+        text = spliced_text(data, parts[0] + str(seq) + parts[1], parts[2])
+        if text is None:
             return None
         self.text.count(text)
         self.deltas += 1

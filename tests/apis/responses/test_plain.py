@@ -153,3 +153,10 @@ def test_delta_parts_cut_at_the_number_and_the_text() -> None:
     )
     # The text before the number: no cut (the grammar checks the number first).
     assert delta_parts({"delta": "x", "sequence_number": 1}) is None
+
+
+def test_showing_a_plain_delta_does_not_parse_it() -> None:
+    _, _, events = _run(response_bytes(_stream(["a", "b"])))
+    plain = events[5]
+    assert plain.plain and "<plain" in repr(plain)
+    assert plain.plain  # a repr (a log line, an assertion) keeps its spliced frame
